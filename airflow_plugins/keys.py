@@ -1,0 +1,201 @@
+"""The one function that names a business execution: its lease key.
+
+Every engine builds keys here (the Airflow operator, the policy, the listener and the Temporal
+bridge), so the same business work maps to the same key whoever runs it: a second DAG run, a
+cleared task, a new try and a Temporal activity of the same business date all collide.
+
+    billing_nightly/charge/2024-02-15
+    tenant_webhooks/send/2024-02-15T03/tenant-42
+
+Imports nothing from Airflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping
+from datetime import date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from airflow_plugins.lease.errors import InvalidLeaseInput
+from airflow_plugins.lease.store import check_key
+
+SHADOW_SUFFIX = "#shadow"
+_PART = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_PERIOD_TEXT = {
+    "hour": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}$"),
+    "day": re.compile(r"^\d{4}-\d{2}-\d{2}$"),
+    "week": re.compile(r"^\d{4}-W\d{2}$"),
+    "month": re.compile(r"^\d{4}-\d{2}$"),
+    "quarter": re.compile(r"^\d{4}-Q[1-4]$"),
+    "year": re.compile(r"^\d{4}$"),
+}
+
+
+class Period(enum.StrEnum):
+    """The grain of a DAG's business date: what one scheduled run stands for."""
+
+    HOUR = "hour"
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+    QUARTER = "quarter"
+    YEAR = "year"
+
+    @classmethod
+    def of_interval(cls, interval: timedelta) -> Period:
+        """The coarsest period not longer than a schedule's interval (hourly -> hour)."""
+        if interval < timedelta(days=1):
+            return cls.HOUR
+        if interval < timedelta(days=7):
+            return cls.DAY
+        if interval < timedelta(days=28):
+            return cls.WEEK
+        if interval < timedelta(days=90):
+            return cls.MONTH
+        if interval < timedelta(days=365):
+            return cls.QUARTER
+        return cls.YEAR
+
+
+def business_period(moment: datetime, period: Period, timezone: str = "UTC") -> str:
+    """The business date of ``moment`` in the DAG's timezone, cut to ``period``.
+
+    >>> business_period(datetime(2024, 2, 15, 2, 0, tzinfo=ZoneInfo("UTC")), Period.DAY)
+    '2024-02-15'
+    """
+    if moment.tzinfo is None:
+        raise InvalidLeaseInput("a logical date must be timezone-aware")
+    try:
+        local = moment.astimezone(ZoneInfo(timezone))
+    except ZoneInfoNotFoundError as exc:
+        raise InvalidLeaseInput(f"unknown timezone {timezone!r}") from exc
+    if period is Period.HOUR:
+        return local.strftime("%Y-%m-%dT%H")
+    if period is Period.DAY:
+        return local.strftime("%Y-%m-%d")
+    if period is Period.WEEK:
+        year, week, _ = local.isocalendar()
+        return f"{year}-W{week:02d}"
+    if period is Period.MONTH:
+        return local.strftime("%Y-%m")
+    if period is Period.QUARTER:
+        return f"{local.year}-Q{(local.month - 1) // 3 + 1}"
+    return f"{local.year}"
+
+
+def parse_business_date(text: object, period: Period) -> str:
+    """Validates a ``business_date`` given in a run's conf against the DAG's period.
+
+    Accepts the period's own form (``2024-02-15`` for a daily DAG, ``2024-02`` for a monthly
+    one); for a daily DAG the date must exist in the calendar.
+
+    Raises:
+        InvalidLeaseInput: the text is not a business date of that period.
+    """
+    if not isinstance(text, str) or not _PERIOD_TEXT[period.value].match(text):
+        example = business_period(datetime(2024, 2, 15, 3, tzinfo=ZoneInfo("UTC")), period)
+        raise InvalidLeaseInput(
+            f"business_date {text!r} is not a {period.value} business date (e.g. {example!r})"
+        )
+    try:
+        first_day(text)
+    except ValueError as exc:
+        raise InvalidLeaseInput(f"business_date {text!r} is not a real date: {exc}") from exc
+    return text
+
+
+def first_day(business_date: str) -> date:
+    """The calendar date a business date starts on (for retention checks and queries)."""
+    if "-W" in business_date:
+        year, week = business_date.split("-W")
+        return date.fromisocalendar(int(year), int(week), 1)
+    if "-Q" in business_date:
+        year, quarter = business_date.split("-Q")
+        return date(int(year), 3 * (int(quarter) - 1) + 1, 1)
+    if "T" in business_date:
+        return date.fromisoformat(business_date.split("T")[0])
+    parts = [int(p) for p in business_date.split("-")]
+    return date(parts[0], parts[1] if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else 1)
+
+
+def resolve_business_date(
+    conf: Mapping[str, Any] | None,
+    logical_date: datetime | None,
+    *,
+    period: Period,
+    timezone: str = "UTC",
+) -> str:
+    """The business date of a run: the conf's ``business_date`` if given, else the logical date.
+
+    Raises:
+        InvalidLeaseInput: the conf's date is malformed, or there is neither (a manual run of a
+            protected DAG must name its business date).
+    """
+    given = (conf or {}).get("business_date")
+    if given is not None:
+        return parse_business_date(given, period)
+    if logical_date is None:
+        raise InvalidLeaseInput(
+            "this run has no logical date and its conf names no business_date: a protected "
+            'run must say which business date it is for, e.g. {"business_date": "2024-02-15"}'
+        )
+    return business_period(logical_date, period, timezone)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseKey:
+    """The business identity of one execution.
+
+    Attributes:
+        dag_id: the DAG (or workflow family) the work belongs to.
+        task_id: the task within it.
+        business_date: the business date, cut to the DAG's period.
+        map_key: for mapped tasks, the rendered map index template (a tenant id, never a
+            position in a list that can shift).
+    """
+
+    dag_id: str
+    task_id: str
+    business_date: str
+    map_key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dag_id", "task_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not _PART.match(value):
+                raise InvalidLeaseInput(f"{name} {value!r} is not a valid identifier")
+        if not isinstance(self.business_date, str) or not self.business_date:
+            raise InvalidLeaseInput("a lease key needs a business date")
+        if self.map_key is not None and (not self.map_key or "/" in self.map_key):
+            raise InvalidLeaseInput(f"map key {self.map_key!r} must be non-empty with no '/'")
+        check_key(str(self))
+
+    def __str__(self) -> str:
+        parts = [self.dag_id, self.task_id, self.business_date]
+        if self.map_key is not None:
+            parts.append(self.map_key)
+        return "/".join(parts)
+
+    @property
+    def shadow(self) -> str:
+        """The key a shadow run (dual-run cutover) leases instead of the primary's."""
+        return str(self) + SHADOW_SUFFIX
+
+    @classmethod
+    def parse(cls, text: str) -> LeaseKey:
+        """Reads a key back from its text form."""
+        parts = check_key(text).removesuffix(SHADOW_SUFFIX).split("/")
+        if len(parts) not in (3, 4):
+            raise InvalidLeaseInput(f"{text!r} is not dag/task/business_date[/map_key]")
+        return cls(*parts)
+
+
+def lease_key(
+    dag_id: str, task_id: str, business_date: str, map_key: str | None = None
+) -> LeaseKey:
+    """Builds the lease key of one business execution (see ``LeaseKey``)."""
+    return LeaseKey(dag_id, task_id, business_date, map_key)

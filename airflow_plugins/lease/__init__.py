@@ -1,0 +1,71 @@
+"""Run-leases with fencing tokens on Postgres, and fencing at the sink.
+
+Imports nothing from Airflow or Temporal: any Python process can take a lease.
+
+    store = LeaseStore("postgresql://.../leases")
+    got = store.acquire("billing_nightly/charge/2024-02-15", Holder.process("billing"))
+    if got.granted:
+        lease = got.lease
+        with LeaseKeeper(store, lease) as keeper, sink.connect() as conn:
+            with fenced_transaction(conn, lease.key, lease.token) as tx:
+                for customer in tx.claim_many(customers):
+                    charge(tx.conn, customer)
+        store.complete(lease, {"charged": n})
+"""
+
+from __future__ import annotations
+
+from airflow_plugins.lease.audit_payload import for_audit, mask
+from airflow_plugins.lease.errors import (
+    InvalidLeaseInput,
+    LeaseError,
+    LeaseLost,
+    LeaseStoreUnavailable,
+    StaleToken,
+)
+from airflow_plugins.lease.fence import (
+    FencedWrite,
+    advance_fence,
+    fence_token,
+    fenced_transaction,
+    http_headers,
+    idempotency_key,
+)
+from airflow_plugins.lease.holder import Holder
+from airflow_plugins.lease.keeper import LeaseKeeper
+from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
+from airflow_plugins.lease.store import (
+    Acquisition,
+    Lease,
+    LeaseStore,
+    Outcome,
+    check_key,
+    check_ttl,
+)
+
+__all__ = [
+    "LEASE_STORE",
+    "SINK_FENCE",
+    "Acquisition",
+    "FencedWrite",
+    "Holder",
+    "InvalidLeaseInput",
+    "Lease",
+    "LeaseError",
+    "LeaseKeeper",
+    "LeaseLost",
+    "LeaseStore",
+    "LeaseStoreUnavailable",
+    "Outcome",
+    "StaleToken",
+    "advance_fence",
+    "check_key",
+    "check_ttl",
+    "fence_token",
+    "fenced_transaction",
+    "for_audit",
+    "http_headers",
+    "idempotency_key",
+    "mask",
+    "migrate",
+]

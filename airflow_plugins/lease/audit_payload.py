@@ -1,0 +1,84 @@
+"""What an audit row may hold of a task's input or output: masked, and bounded in size.
+
+Secrets are masked by key name (password, token, api_key, ...) and inside connection strings;
+a payload over the limit is replaced by its size, digest and a short preview, so the audit never
+holds a secret in clear and never grows without bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from airflow_plugins.lease.errors import InvalidLeaseInput
+
+MASK = "***"
+DEFAULT_MAX_BYTES = 16 * 1024
+_PREVIEW_CHARS = 512
+
+_SECRET_KEY = re.compile(
+    r"pass(word|wd|phrase)?|secret|api[_-]?key|auth|credential|private[_-]?key|"
+    r"access[_-]?key|(access|refresh|session|bearer|id)[_-]?token|^token$|cookie|signature",
+    re.IGNORECASE,
+)
+# scheme://user:password@host  ->  scheme://user:***@host
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@", re.IGNORECASE)
+# key=value pairs in libpq-style DSNs: password=...
+_DSN_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
+
+
+def to_json_value(value: Any, *, what: str) -> Any:
+    """Checks that ``value`` survives a JSON round trip and returns the round-tripped value.
+
+    Raises:
+        InvalidLeaseInput: the value is not JSON-serialisable (or holds NaN/Infinity).
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidLeaseInput(f"{what} must be JSON-serialisable: {exc}") from exc
+
+
+def mask(value: Any) -> Any:
+    """Returns a copy of ``value`` with secrets masked (by key name and inside URLs/DSNs)."""
+    if isinstance(value, dict):
+        return {
+            k: (MASK if isinstance(k, str) and _SECRET_KEY.search(k) else mask(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask(v) for v in value]
+    if isinstance(value, str):
+        value = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", value)
+        return _DSN_PASSWORD.sub(lambda m: m.group("head") + MASK, value)
+    return value
+
+
+def for_audit(value: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """The form of ``value`` that is written to the audit: masked, then bounded in size.
+
+    Values that are not JSON-serialisable are recorded by their type and repr preview rather
+    than refused: the audit must never be the reason protected work fails.
+    """
+    if value is None:
+        return None
+    try:
+        clean = mask(json.loads(json.dumps(value, allow_nan=False, default=_unserialisable)))
+    except (TypeError, ValueError):
+        clean = {"_unserialisable": type(value).__name__}
+    text = json.dumps(clean, sort_keys=True)
+    size = len(text.encode())
+    if size <= max_bytes:
+        return clean
+    return {
+        "_truncated": True,
+        "bytes": size,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "preview": text[:_PREVIEW_CHARS],
+    }
+
+
+def _unserialisable(obj: Any) -> str:
+    return f"<{type(obj).__name__}>"

@@ -1,0 +1,133 @@
+"""Fencing at the sink: the sink's own database refuses writes from a superseded holder.
+
+No transaction spans the lease store and the sink, so the sink keeps its own fence: the highest
+token seen per key (``runfence.fence``) and a ledger of done items unique on (key, item)
+(``runfence.ledger``). A fenced transaction advances the fence first, then runs the caller's
+writes and claims their ledger rows, and commits all of it at once:
+
+* a holder whose token was superseded fails at the fence, before it writes anything;
+* a holder paused *inside* its transaction holds the fence row; Postgres ends its session after
+  ``idle_timeout`` (``idle_in_transaction_session_timeout``), so its commit fails and the new
+  holder goes on;
+* a taken-over run finds the items already done in the ledger and skips them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from airflow_plugins.lease.errors import InvalidLeaseInput, StaleToken
+from airflow_plugins.lease.queries import query
+from airflow_plugins.lease.store import check_key
+
+DEFAULT_IDLE_TIMEOUT = 10.0
+MAX_ITEM_CHARS = 512
+
+
+def _check_item(item: object) -> str:
+    if not isinstance(item, str) or not item or len(item) > MAX_ITEM_CHARS:
+        raise InvalidLeaseInput(f"a ledger item is a string of 1 to {MAX_ITEM_CHARS} characters")
+    return item
+
+
+def idempotency_key(key: str, item: str) -> str:
+    """A stable per-item idempotency key (for payment APIs and other HTTP sinks)."""
+    return hashlib.sha256(f"{key}\x1f{item}".encode()).hexdigest()
+
+
+def http_headers(key: str, token: int, item: str) -> dict[str, str]:
+    """Headers that carry the fence to an HTTP sink that checks it itself."""
+    return {
+        "Idempotency-Key": idempotency_key(key, item),
+        "X-Fencing-Token": str(token),
+        "X-Lease-Key": key,
+    }
+
+
+class FencedWrite:
+    """The open fenced transaction of one holder on one key, on the sink's connection.
+
+    Use ``conn`` for the business writes, and ``claim`` each item before writing it.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], key: str, token: int) -> None:
+        self.conn = conn
+        self.key = key
+        self.token = token
+
+    def claim(self, item: str) -> bool:
+        """Records ``item`` as done under this key; False means it was done already: skip it."""
+        return bool(self.claim_many([item]))
+
+    def claim_many(self, items: Iterable[str]) -> list[str]:
+        """Claims many items at once; returns those that were not done yet (write only those)."""
+        wanted = [_check_item(i) for i in items]
+        rows = self.conn.execute(
+            query("ledger_claim"), {"key": self.key, "token": self.token, "items": wanted}
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def done(self, items: Iterable[str]) -> set[str]:
+        """The items of ``items`` already done under this key (by any holder)."""
+        wanted = [_check_item(i) for i in items]
+        rows = self.conn.execute(query("ledger_done"), {"key": self.key, "items": wanted})
+        return {row[0] for row in rows.fetchall()}
+
+    def headers(self, item: str) -> dict[str, str]:
+        """Fence headers for an HTTP call that writes ``item``."""
+        return http_headers(self.key, self.token, item)
+
+
+@contextmanager
+def fenced_transaction(
+    conn: psycopg.Connection[Any],
+    key: str,
+    token: int,
+    *,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+) -> Iterator[FencedWrite]:
+    """Opens a transaction on the sink connection that only the key's newest holder can commit.
+
+    Raises:
+        StaleToken: a higher token has already written under ``key``; nothing was written.
+        InvalidLeaseInput: bad key, token or timeout.
+    """
+    check_key(key)
+    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+        raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
+    if idle_timeout <= 0:
+        raise InvalidLeaseInput("idle_timeout must be positive")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        # inside an open transaction this would only be a savepoint: the fence and the writes
+        # must commit together, on their own
+        raise InvalidLeaseInput("fenced_transaction needs a sink connection with no open transaction")
+    with conn.transaction():
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+            (f"{round(idle_timeout * 1000)}ms",),
+        )
+        if conn.execute(query("fence_advance"), {"key": key, "token": token}).fetchone() is None:
+            row = conn.execute(query("fence_current"), {"key": key}).fetchone()
+            raise StaleToken(key, token, row[0] if row else None)
+        yield FencedWrite(conn, key, token)
+
+
+def advance_fence(conn: psycopg.Connection[Any], key: str, token: int) -> None:
+    """Raises the key's fence to ``token`` now, before any work: older holders are refused.
+
+    Raises:
+        StaleToken: a higher token is already there.
+    """
+    with fenced_transaction(conn, key, token):
+        pass
+
+
+def fence_token(conn: psycopg.Connection[Any], key: str) -> int | None:
+    """The highest token that has written under ``key`` at this sink, or None."""
+    row = conn.execute(query("fence_current"), {"key": check_key(key)}).fetchone()
+    return int(row[0]) if row else None

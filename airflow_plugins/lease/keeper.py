@@ -1,0 +1,127 @@
+"""The lease keeper: renews a held lease in the background and says when it is lost.
+
+Self-fencing is a courtesy, not the guarantee (the sinks' fences are): when the keeper cannot
+confirm the lease before it would expire, it declares it lost and calls ``on_lost`` so the work
+stops instead of writing into refusals.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from airflow_plugins.lease.errors import LeaseLost, LeaseStoreUnavailable
+from airflow_plugins.lease.store import Lease, LeaseStore
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews ``lease`` every ``interval`` seconds on a daemon thread.
+
+    Use as a context manager around the work; check ``lost`` (or call ``check()``) between
+    items. ``on_lost`` runs once, on the keeper's thread, when the lease is lost.
+
+    Args:
+        store: the lease store.
+        lease: the held lease.
+        interval: seconds between renewals (default: a third of the TTL).
+        on_lost: called with the reason when the lease is lost.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        lease: Lease,
+        *,
+        interval: float | None = None,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self.lease = lease
+        self.interval = interval if interval is not None else lease.ttl / 3
+        if not 0 < self.interval < lease.ttl:
+            raise ValueError("the renew interval must be positive and shorter than the TTL")
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self.lost_reason: str | None = None
+        self.renewals = 0
+        # local deadline: past it, without a confirmed renewal, the lease may belong to another
+        self._deadline = time.monotonic() + lease.ttl
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-keeper:{lease.key}", daemon=True
+        )
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known (or feared) lost."""
+        return self._lost.is_set()
+
+    def check(self) -> None:
+        """Raises LeaseLost when the lease is lost; call it between items of work."""
+        if self._lost.is_set():
+            raise LeaseLost(self.lease.key, self.lease.token, self.lost_reason or "")
+
+    def start(self) -> LeaseKeeper:
+        """Starts renewing."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops renewing (the lease stays as it is: complete, fail or release it)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self._store_timeout())
+
+    def _store_timeout(self) -> float:
+        return max(1.0, self.interval)
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _declare_lost(self, reason: str) -> None:
+        if self._lost.is_set():
+            return
+        self.lost_reason = reason
+        self._lost.set()
+        log.error("lease %s token %s lost: %s", self.lease.key, self.lease.token, reason)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(reason)
+            except Exception:
+                log.exception("on_lost callback failed")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._next_wait()):
+            started = time.monotonic()
+            try:
+                self._store.renew(self.lease)
+            except LeaseLost as exc:
+                self._declare_lost(str(exc))
+                return
+            except LeaseStoreUnavailable as exc:
+                if time.monotonic() >= self._deadline:
+                    self._declare_lost(f"could not renew before expiry: {exc}")
+                    return
+                log.warning("lease %s: renew failed, retrying: %s", self.lease.key, exc)
+                continue
+            # the new expiry counts from when the renew was sent, not when it answered
+            self._deadline = started + self.lease.ttl
+            self.renewals += 1
+
+    def _next_wait(self) -> float:
+        # retry sooner when the last renew failed, but never wait past the local deadline
+        remaining = self._deadline - time.monotonic()
+        return max(0.0, min(self.interval, remaining - min(0.5, self.interval / 2)))

@@ -1,0 +1,516 @@
+"""The lease store: run-leases with fencing tokens in Postgres.
+
+Every state change is one call of a SQL function (see ``sql/migrations``) that locks the key's
+row, decides, draws the token after the lock, and writes the audit row in the same transaction.
+Python never decides ownership from a value it read earlier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import date, datetime
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from airflow_plugins.lease import audit_payload
+from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost, LeaseStoreUnavailable
+from airflow_plugins.lease.holder import Holder
+from airflow_plugins.lease.queries import query
+
+MAX_KEY_CHARS = 512
+DEFAULT_TTL = 60.0
+DEFAULT_HORIZON_DAYS = 400
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class Outcome(enum.StrEnum):
+    """What an acquire decided."""
+
+    GRANTED = "granted"
+    TAKEN_OVER = "taken_over"
+    HELD = "held"
+    SUCCEEDED = "succeeded"
+    REFUSED = "refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A lease this caller holds: pass it to renew/complete/fail/release and to sinks."""
+
+    key: str
+    token: int
+    attempt: int
+    holder: Holder
+    ttl: float
+    expires_at: datetime
+    business_date: date | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquisition:
+    """The answer to an acquire.
+
+    Attributes:
+        outcome: granted / taken_over (the caller holds the lease now), held (wait), succeeded
+            (do not run; ``result`` is the recorded result), refused (never run; see ``detail``).
+        token: the caller's new token, or the current holder's / the succeeded run's token.
+        holder: the caller, or who holds / held the key.
+        expires_at: when the lease expires (the caller's, or the live holder's).
+    """
+
+    key: str
+    outcome: Outcome
+    token: int | None
+    attempt: int | None
+    holder: Holder | None
+    expires_at: datetime | None
+    result: Any = None
+    previous_holder: Holder | None = None
+    previous_token: int | None = None
+    detail: str | None = None
+    ttl: float = DEFAULT_TTL
+    business_date: date | None = None
+
+    @property
+    def granted(self) -> bool:
+        """True when the caller holds the lease (granted or taken over)."""
+        return self.outcome in (Outcome.GRANTED, Outcome.TAKEN_OVER)
+
+    @property
+    def lease(self) -> Lease:
+        """The lease the caller now holds.
+
+        Raises:
+            LeaseLost: the acquire did not grant the lease.
+        """
+        if not self.granted or self.token is None or self.attempt is None:
+            raise LeaseLost(self.key, self.token or 0, f"acquire answered {self.outcome}")
+        assert self.holder is not None and self.expires_at is not None
+        return Lease(
+            self.key,
+            self.token,
+            self.attempt,
+            self.holder,
+            self.ttl,
+            self.expires_at,
+            self.business_date,
+        )
+
+
+def check_key(key: object) -> str:
+    """Validates a lease key: 1 to 512 characters of text with no control characters.
+
+    Raises:
+        InvalidLeaseInput: the key is not such a string.
+    """
+    if not isinstance(key, str):
+        raise InvalidLeaseInput(f"a lease key must be a string, not {type(key).__name__}")
+    if not key.strip():
+        raise InvalidLeaseInput("a lease key must not be empty")
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidLeaseInput(f"a lease key must be at most {MAX_KEY_CHARS} characters")
+    if _CONTROL.search(key):
+        raise InvalidLeaseInput("a lease key must not contain control characters")
+    return key
+
+
+def check_ttl(ttl: object) -> float:
+    """Validates a TTL in seconds: a finite number of at least 0.1.
+
+    Raises:
+        InvalidLeaseInput: the TTL is zero, negative, not finite or not a number.
+    """
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise InvalidLeaseInput(f"a lease TTL must be a number of seconds, not {ttl!r}")
+    if not math.isfinite(ttl) or ttl < 0.1:
+        raise InvalidLeaseInput(f"a lease TTL must be a finite number >= 0.1 s, not {ttl!r}")
+    if ttl > 7 * 24 * 3600:
+        raise InvalidLeaseInput("a lease TTL must be at most 7 days; renew it instead")
+    return float(ttl)
+
+
+def _check_token(token: object) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+        raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
+    return token
+
+
+def _holder(data: Mapping[str, Any] | None) -> Holder | None:
+    return Holder.from_json(dict(data)) if data else None
+
+
+class LeaseStore:
+    """Run-leases on one Postgres database.
+
+    Args:
+        conninfo: a libpq connection string or URL for the lease store's database.
+        ttl: default lease TTL in seconds.
+        horizon_days: acquires of keys with no record and a business date older than this are
+            refused (the compact succeeded record is kept at least this long).
+        max_audit_bytes: inputs and outputs larger than this are recorded as a digest.
+        max_result_bytes: a result larger than this is refused by ``complete``.
+        pool_size: most connections this store opens at once.
+        connect_timeout: seconds to wait for a connection before failing closed.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        horizon_days: int = DEFAULT_HORIZON_DAYS,
+        max_audit_bytes: int = audit_payload.DEFAULT_MAX_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        pool_size: int = 4,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.ttl = check_ttl(ttl)
+        if horizon_days < 1:
+            raise InvalidLeaseInput("horizon_days must be at least 1")
+        self.horizon_days = horizon_days
+        self.max_audit_bytes = max_audit_bytes
+        self.max_result_bytes = max_result_bytes
+        self._connect_timeout = connect_timeout
+        self._pool = psycopg_pool.ConnectionPool(
+            conninfo,
+            min_size=0,
+            max_size=pool_size,
+            open=False,
+            timeout=connect_timeout,
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, math.ceil(connect_timeout)),
+                "application_name": "runlease",
+            },
+            reconnect_timeout=0,
+        )
+        self._opened = False
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pooled autocommit connection; failures to reach Postgres fail closed.
+
+        Raises:
+            LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
+        """
+        if not self._opened:
+            self._pool.open(wait=False)
+            self._opened = True
+        try:
+            with self._pool.connection() as conn:
+                conn.row_factory = dict_row  # type: ignore[assignment]
+                yield conn  # type: ignore[misc]
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
+
+    def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return conn.execute(query(name), params).fetchall()
+
+    def close(self) -> None:
+        """Closes the store's connections."""
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+    def __enter__(self) -> LeaseStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- holder operations --------------------------------------------------------------------
+
+    def acquire(
+        self,
+        key: str,
+        holder: Holder,
+        *,
+        ttl: float | None = None,
+        business_date: date | None = None,
+        input: Any = None,
+    ) -> Acquisition:
+        """Asks for the lease of ``key``; the database decides the outcome under the row lock.
+
+        Args:
+            key: the business identity, e.g. ``billing_nightly/charge/2024-02-15``.
+            holder: who asks.
+            ttl: seconds until the lease expires unless renewed (default: the store's).
+            business_date: the business date the key stands for; enables the retention check.
+            input: what the work is given, for the audit (masked and size-limited).
+
+        Raises:
+            InvalidLeaseInput: bad key or TTL; nothing was written.
+            LeaseStoreUnavailable: fail closed; no lease was taken.
+        """
+        check_key(key)
+        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        rows = self._rows(
+            "acquire",
+            {
+                "key": key,
+                "holder": Jsonb(holder.to_json()),
+                "ttl_ms": round(ttl * 1000),
+                "business_date": business_date,
+                "horizon_days": self.horizon_days,
+                "input": self._audit_json(input),
+            },
+        )
+        return self._acquisition(key, rows[0], ttl, business_date)
+
+    def acquire_many(
+        self,
+        keys: Sequence[str],
+        holder: Holder,
+        *,
+        ttl: float | None = None,
+        business_date: date | None = None,
+    ) -> list[Acquisition]:
+        """Acquires many keys for one holder in one round trip and one transaction.
+
+        Returns one acquisition per distinct key, in key order.
+        """
+        for key in keys:
+            check_key(key)
+        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        rows = self._rows(
+            "acquire_batch",
+            {
+                "keys": list(keys),
+                "holder": Jsonb(holder.to_json()),
+                "ttl_ms": round(ttl * 1000),
+                "business_date": business_date,
+                "horizon_days": self.horizon_days,
+            },
+        )
+        return [self._acquisition(row["key"], row, ttl, business_date) for row in rows]
+
+    def renew(self, lease: Lease, *, ttl: float | None = None) -> datetime:
+        """Extends the lease; returns the new expiry.
+
+        Raises:
+            LeaseLost: the lease was taken over or released; stop the work.
+            LeaseStoreUnavailable: the store did not answer; the lease may still be held.
+        """
+        ttl = lease.ttl if ttl is None else check_ttl(ttl)
+        rows = self._rows(
+            "renew", {"key": lease.key, "token": lease.token, "ttl_ms": round(ttl * 1000)}
+        )
+        if not rows:
+            raise LeaseLost(lease.key, lease.token, "renew found another holder or none")
+        expires_at: datetime = rows[0]["expires_at"]
+        return expires_at
+
+    def complete(self, lease: Lease, result: Any = None) -> None:
+        """Marks the key succeeded with ``result`` (handed to later acquires of the key).
+
+        Raises:
+            InvalidLeaseInput: the result is not JSON-serialisable or too large; nothing written.
+            LeaseLost: the caller no longer holds the lease.
+        """
+        value = audit_payload.to_json_value(result, what="a lease result")
+        size = len(json.dumps(value))
+        if size > self.max_result_bytes:
+            raise InvalidLeaseInput(
+                f"a lease result must be at most {self.max_result_bytes} bytes of JSON, "
+                f"not {size}; store large outputs elsewhere and return a reference"
+            )
+        self._finish(lease, "succeeded", result=Jsonb(value), output=result, error=None)
+
+    def fail(self, lease: Lease, error: str) -> None:
+        """Marks the key failed: the next acquire is granted with a new token.
+
+        Raises:
+            LeaseLost: the caller no longer holds the lease.
+        """
+        self._finish(lease, "failed", result=None, output=None, error=error[:2000])
+
+    def release(self, lease: Lease, reason: str = "released by holder") -> None:
+        """Gives the lease up without a result (the work stopped): the next acquire is granted.
+
+        Raises:
+            LeaseLost: the caller no longer holds the lease.
+        """
+        self._finish(lease, "released", result=None, output=None, error=reason[:2000])
+
+    def _finish(
+        self, lease: Lease, state: str, *, result: Jsonb | None, output: Any, error: str | None
+    ) -> None:
+        _check_token(lease.token)
+        rows = self._rows(
+            "finish",
+            {
+                "key": lease.key,
+                "token": lease.token,
+                "state": state,
+                "result": result,
+                "output": self._audit_json(output),
+                "error": error,
+            },
+        )
+        if not rows:
+            raise LeaseLost(lease.key, lease.token, f"could not mark it {state}")
+
+    def _audit_json(self, value: Any) -> Jsonb | None:
+        clean = audit_payload.for_audit(value, max_bytes=self.max_audit_bytes)
+        return None if clean is None else Jsonb(clean)
+
+    def _acquisition(
+        self, key: str, row: Mapping[str, Any], ttl: float, business_date: date | None
+    ) -> Acquisition:
+        return Acquisition(
+            key=key,
+            outcome=Outcome(row["outcome"]),
+            token=row["token"],
+            attempt=row["attempt"],
+            holder=_holder(row["holder"]),
+            expires_at=row["expires_at"],
+            result=row["result"],
+            previous_holder=_holder(row["previous_holder"]),
+            previous_token=row["previous_token"],
+            detail=row["detail"],
+            ttl=ttl,
+            business_date=business_date,
+        )
+
+    # -- administration (each needs an actor and a reason; each is audited) --------------------
+
+    def force_release(self, key: str, *, actor: str, reason: str) -> int | None:
+        """Releases a running lease whoever holds it; returns the token it had, or None."""
+        check_key(key)
+        rows = self._admin("force_release", key=key, actor=actor, reason=reason)
+        return rows[0]["token"] if rows else None
+
+    def approve_rerun(
+        self, key: str, *, actor: str, reason: str, business_date: date | None = None
+    ) -> str:
+        """Lets a succeeded (or pruned) key be granted once more.
+
+        Returns ``approved``, or ``not_needed`` when the key is failed or released already.
+        """
+        check_key(key)
+        rows = self._admin(
+            "approve_rerun", key=key, actor=actor, reason=reason, business_date=business_date
+        )
+        approved: str = rows[0]["approve_rerun"]
+        return approved
+
+    def fail_on_behalf(
+        self, key: str, match: Mapping[str, Any], *, actor: str, reason: str
+    ) -> int | None:
+        """Fails the running lease of the try whose holder contains ``match``.
+
+        Returns the failed token, or None when that try does not hold the lease (any more).
+        """
+        check_key(key)
+        if not match:
+            raise InvalidLeaseInput("fail_on_behalf needs holder fields to match")
+        rows = self._admin(
+            "fail_on_behalf", key=key, match=Jsonb(dict(match)), actor=actor, reason=reason
+        )
+        return rows[0]["token"] if rows else None
+
+    def _admin(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        if not str(params.get("actor") or "").strip() or not str(params.get("reason") or "").strip():
+            raise InvalidLeaseInput("an administrative change needs an actor and a reason")
+        try:
+            return self._rows(name, params)
+        except psycopg.errors.ObjectInUse as exc:
+            raise InvalidLeaseInput(str(exc.diag.message_primary)) from exc
+
+    def record_event(
+        self,
+        key: str,
+        event: str,
+        *,
+        outcome: str,
+        holder: Holder | None = None,
+        token: int | None = None,
+        attempt: int | None = None,
+        business_date: date | None = None,
+        input: Any = None,
+        output: Any = None,
+        duration_ms: int | None = None,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Writes an audit row that is not a lease transition (an observed run, a duplicate)."""
+        check_key(key)
+        self._rows(
+            "record",
+            {
+                "key": key,
+                "event": event,
+                "token": token,
+                "holder": Jsonb(holder.to_json()) if holder else None,
+                "attempt": attempt,
+                "business_date": business_date,
+                "input": self._audit_json(input),
+                "output": self._audit_json(output),
+                "duration_ms": duration_ms,
+                "outcome": outcome,
+                "actor": actor,
+                "reason": reason,
+            },
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The lease row of ``key`` (with an ``expired`` flag), or None."""
+        check_key(key)
+        rows = self._rows("get_lease", {"key": key})
+        return rows[0] if rows else None
+
+    def list_leases(
+        self,
+        *,
+        prefix: str | None = None,
+        state: str | None = None,
+        expired_only: bool = False,
+        taken_over_only: bool = False,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Lease rows, newest first, filtered by key prefix, state, expiry and takeovers."""
+        return self._rows(
+            "list_leases",
+            {
+                "prefix": prefix,
+                "state": state,
+                "expired_only": expired_only,
+                "taken_over_only": taken_over_only,
+                "limit": limit,
+            },
+        )
+
+    def history(self, key: str) -> list[dict[str, Any]]:
+        """Every audit row of ``key``, oldest first."""
+        check_key(key)
+        return self._rows("history", {"key": key})
+
+    def audit_by_date(
+        self,
+        business_date: date,
+        *,
+        prefix: str | None = None,
+        outcome: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        """Audit rows of one business date, optionally of keys under ``prefix``."""
+        return self._rows(
+            "audit_by_date",
+            {"business_date": business_date, "prefix": prefix, "outcome": outcome, "limit": limit},
+        )
