@@ -105,7 +105,7 @@ def fenced_transaction(
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         # inside an open transaction this would only be a savepoint: the fence and the writes
         # must commit together, on their own
-        raise InvalidLeaseInput("fenced_transaction needs a sink connection with no open transaction")
+        raise InvalidLeaseInput("fenced_transaction needs a connection with no open transaction")
     with conn.transaction():
         conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",

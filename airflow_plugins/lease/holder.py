@@ -77,7 +77,8 @@ class Holder:
     def describe(self) -> str:
         """A one-line description for logs and error messages."""
         if self.engine == "airflow":
-            who = f"{self.dag_id}.{self.task_id}[{self.map_index}] {self.run_id} try {self.try_number}"
+            task = f"{self.dag_id}.{self.task_id}[{self.map_index}]"
+            who = f"{task} {self.run_id} try {self.try_number}"
         elif self.engine == "temporal":
             who = f"{self.workflow_id}/{self.activity_id} attempt {self.attempt}"
         else:

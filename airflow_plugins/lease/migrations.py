@@ -68,7 +68,8 @@ def migrate(conninfo: str, component: Component = LEASE_STORE) -> list[int]:
         with psycopg.connect(conninfo, connect_timeout=10) as conn:
             for migration in migrations(component):
                 with conn.transaction():
-                    conn.execute(sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(lock_id))
+                    lock = sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))")
+                    conn.execute(lock.format(lock_id))
                     conn.execute(
                         sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                             sql.Identifier(component.schema)

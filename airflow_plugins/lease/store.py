@@ -96,7 +96,8 @@ class Acquisition:
         """
         if not self.granted or self.token is None or self.attempt is None:
             raise LeaseLost(self.key, self.token or 0, f"acquire answered {self.outcome}")
-        assert self.holder is not None and self.expires_at is not None
+        assert self.holder is not None
+        assert self.expires_at is not None
         return Lease(
             self.key,
             self.token,
@@ -424,7 +425,8 @@ class LeaseStore:
         return rows[0]["token"] if rows else None
 
     def _admin(self, name: str, **params: Any) -> list[dict[str, Any]]:
-        if not str(params.get("actor") or "").strip() or not str(params.get("reason") or "").strip():
+        actor, reason = str(params.get("actor") or ""), str(params.get("reason") or "")
+        if not actor.strip() or not reason.strip():
             raise InvalidLeaseInput("an administrative change needs an actor and a reason")
         try:
             return self._rows(name, params)
