@@ -214,6 +214,10 @@ class LeaseStore:
             with self._pool.connection() as conn:
                 conn.row_factory = dict_row  # type: ignore[assignment]
                 yield conn  # type: ignore[misc]
+        except psycopg.errors.ObjectInUse:
+            # SQLSTATE class 55 is an OperationalError in psycopg, but this one is an answer
+            # (approve_rerun of a running lease), not an unreachable store
+            raise
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
 
@@ -469,6 +473,36 @@ class LeaseStore:
             },
         )
 
+    # -- retention ----------------------------------------------------------------------------
+
+    def ensure_audit_partitions(self, start: date, until: date) -> int:
+        """Creates the monthly audit partitions from ``start`` to ``until`` (idempotent).
+
+        Rows the default partition holds for such a month are moved into it.
+
+        Returns:
+            How many partitions were created.
+        """
+        rows = self._rows("ensure_audit_partitions", {"from": start, "until": until})
+        made: int = rows[0]["ensure_audit_partitions"]
+        return made
+
+    def prune(self, *, audit_keep_months: int = 13) -> tuple[int, int]:
+        """Drops audit months older than ``audit_keep_months`` and lease rows past the horizon.
+
+        The keys of pruned lease rows are refused from then on (the prune floor), never
+        granted again by mistake.
+
+        Returns:
+            (audit partitions dropped, lease rows deleted).
+        """
+        if audit_keep_months < 1:
+            raise InvalidLeaseInput("audit_keep_months must be at least 1")
+        rows = self._rows(
+            "prune", {"horizon_days": self.horizon_days, "audit_keep_months": audit_keep_months}
+        )
+        return int(rows[0]["dropped_partitions"]), int(rows[0]["pruned_leases"])
+
     # -- reading ------------------------------------------------------------------------------
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -496,6 +530,20 @@ class LeaseStore:
                 "taken_over_only": taken_over_only,
                 "limit": limit,
             },
+        )
+
+    def recent_outcomes(
+        self,
+        outcomes: Sequence[str],
+        *,
+        hours: int = 24,
+        prefix: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Audit rows of acquires that ended in one of ``outcomes`` (e.g. refused, held)."""
+        return self._rows(
+            "recent_audit_outcomes",
+            {"outcomes": list(outcomes), "hours": hours, "prefix": prefix, "limit": limit},
         )
 
     def history(self, key: str) -> list[dict[str, Any]]:

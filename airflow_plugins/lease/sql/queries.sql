@@ -96,3 +96,13 @@ SELECT item FROM runfence.ledger WHERE key = %(key)s AND item = ANY(%(items)s::t
 
 -- name: ledger_count
 SELECT count(*) FROM runfence.ledger WHERE key = %(key)s;
+
+-- name: recent_audit_outcomes
+-- Refused and blocked (held) acquires, newest first.
+SELECT id, at, key, event, token, holder, attempt, business_date, outcome, reason
+FROM runlease.audit
+WHERE outcome = ANY(%(outcomes)s::text[])
+  AND at >= now() - make_interval(hours => %(hours)s)
+  AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+ORDER BY at DESC
+LIMIT %(limit)s;

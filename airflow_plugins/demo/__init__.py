@@ -1,0 +1,1 @@
+"""Replays of the billing incident: the README's main command."""

@@ -1,0 +1,180 @@
+"""``runlease``: the operators' command line for the lease store and sink fences.
+
+    runlease migrate [--sink DSN ...]
+    runlease leases [--live | --expired | --taken-over | --refused | --blocked] [--prefix P]
+    runlease history KEY
+    runlease force-release KEY --reason "..."
+    runlease override KEY --reason "..." [--business-date 2024-02-15]
+    runlease maintain [--prune]
+
+The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable.
+Administrative changes record the actor (``--actor``, default the login name) and the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from airflow_plugins.lease.errors import LeaseError
+from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
+from airflow_plugins.lease.queries import query
+from airflow_plugins.lease.store import LeaseStore
+
+DSN_ENV = "EXACTLY_ONCE_LEASE_DSN"
+_LIST_COLUMNS = ("key", "state", "token", "attempt", "takeovers", "expires_at", "holder")
+_HISTORY_COLUMNS = ("at", "event", "outcome", "token", "attempt", "duration_ms", "actor", "reason")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runlease", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get(DSN_ENV), help=f"lease store (${DSN_ENV})")
+    parser.add_argument("--json", action="store_true", help="print JSON lines")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("migrate", help="create or upgrade the lease store and sink fence tables")
+    m.add_argument("--sink", action="append", default=[], help="a sink database to fence")
+
+    ls = sub.add_parser("leases", help="list leases")
+    which = ls.add_mutually_exclusive_group()
+    which.add_argument("--live", action="store_true", help="running leases")
+    which.add_argument("--expired", action="store_true", help="running but past expiry")
+    which.add_argument("--taken-over", action="store_true", help="leases taken over")
+    which.add_argument("--refused", action="store_true", help="refused acquires (audit)")
+    which.add_argument("--blocked", action="store_true", help="blocked duplicates (audit)")
+    ls.add_argument("--state", choices=["running", "succeeded", "failed", "released"])
+    ls.add_argument("--prefix", help="keys starting with this")
+    ls.add_argument("--hours", type=int, default=24, help="audit window for --refused/--blocked")
+    ls.add_argument("--limit", type=int, default=100)
+
+    h = sub.add_parser("history", help="a key's audit trail")
+    h.add_argument("key")
+
+    for name, text in (
+        ("force-release", "release a running lease whoever holds it"),
+        ("override", "approve one more run of a succeeded (or pruned) key"),
+    ):
+        admin = sub.add_parser(name, help=text)
+        admin.add_argument("key")
+        admin.add_argument("--reason", required=True, help="why (recorded in the audit)")
+        admin.add_argument("--actor", default=_login(), help="who (default: login name)")
+        if name == "override":
+            admin.add_argument("--business-date", type=date.fromisoformat)
+
+    mt = sub.add_parser("maintain", help="create audit partitions ahead; optionally prune")
+    mt.add_argument("--months-ahead", type=int, default=3)
+    mt.add_argument("--prune", action="store_true", help="drop old audit months and leases")
+    mt.add_argument("--horizon-days", type=int, default=400)
+    mt.add_argument("--audit-keep-months", type=int, default=14)
+    return parser
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return "" if value is None else str(value)
+
+
+def _print(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row, default=str, sort_keys=True))
+        return
+    table = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in table:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+
+
+def _leases(store: LeaseStore, args: argparse.Namespace) -> None:
+    if args.refused or args.blocked:
+        outcomes = ["refused"] if args.refused else ["held"]
+        rows = store.recent_outcomes(
+            outcomes, hours=args.hours, prefix=args.prefix, limit=args.limit
+        )
+        _print(rows, ("at", "key", "outcome", "token", "holder", "reason"), args.json)
+        return
+    rows = store.list_leases(
+        prefix=args.prefix,
+        state="running" if args.live or args.expired else args.state,
+        expired_only=args.expired,
+        taken_over_only=args.taken_over,
+        limit=args.limit,
+    )
+    _print(rows, _LIST_COLUMNS, args.json)
+
+
+def _maintain(store: LeaseStore, args: argparse.Namespace) -> None:
+    today = date.today()
+    until = today + timedelta(days=31 * args.months_ahead)
+    with store.connection() as conn:
+        made = conn.execute(
+            query("ensure_audit_partitions"), {"from": today, "until": until}
+        ).fetchone()
+        result: dict[str, Any] = {"partitions_created": made and next(iter(made.values()))}
+        if args.prune:
+            pruned = conn.execute(
+                query("prune"),
+                {"horizon_days": args.horizon_days, "audit_keep_months": args.audit_keep_months},
+            ).fetchone()
+            result.update(pruned or {})
+    print(json.dumps(result))
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code."""
+    args = _parser().parse_args(argv)
+    if not args.dsn and not (args.command == "migrate" and args.sink):
+        print(f"runlease: name the lease store with --dsn or ${DSN_ENV}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "migrate":
+            if args.dsn:
+                print(json.dumps({"lease_store": migrate(args.dsn, LEASE_STORE)}))
+            for sink in args.sink:
+                print(json.dumps({"sink": migrate(sink, SINK_FENCE)}))
+            return 0
+        with LeaseStore(args.dsn) as store:
+            if args.command == "leases":
+                _leases(store, args)
+            elif args.command == "history":
+                _print(store.history(args.key), _HISTORY_COLUMNS, args.json)
+            elif args.command == "force-release":
+                token = store.force_release(args.key, actor=args.actor, reason=args.reason)
+                print(f"released token {token}" if token else "no running lease: nothing to do")
+            elif args.command == "override":
+                print(
+                    store.approve_rerun(
+                        args.key,
+                        actor=args.actor,
+                        reason=args.reason,
+                        business_date=args.business_date,
+                    )
+                )
+            elif args.command == "maintain":
+                _maintain(store, args)
+    except LeaseError as exc:
+        print(f"runlease: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main() -> None:
+    """Console entry point."""
+    sys.exit(run())
