@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 from typing import Any, Literal
@@ -66,12 +67,13 @@ class Holder:
 
     def to_json(self) -> dict[str, Any]:
         """The holder as stored: fields that are set, nothing else."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        # not dataclasses.asdict: it deep-copies, and this runs on every lease call
+        return {k: v for k in _field_order() if (v := getattr(self, k)) is not None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Holder:
         """Reads a stored holder back; unknown fields are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _field_names()
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def describe(self) -> str:
@@ -84,3 +86,13 @@ class Holder:
         else:
             who = self.name or "process"
         return f"{who} on {self.host} pid {self.pid}"
+
+
+@functools.cache
+def _field_names() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(Holder))
+
+
+@functools.cache
+def _field_order() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Holder))

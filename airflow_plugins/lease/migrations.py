@@ -25,6 +25,7 @@ class Component:
 
     schema: str
     folder: str
+    package: str = "airflow_plugins.lease"
 
 
 LEASE_STORE = Component(schema="runlease", folder="sql/migrations")
@@ -42,7 +43,7 @@ class Migration:
 
 def migrations(component: Component) -> list[Migration]:
     """The component's migrations in version order."""
-    folder = resources.files("airflow_plugins.lease").joinpath(component.folder)
+    folder = resources.files(component.package).joinpath(component.folder)
     found = []
     for entry in folder.iterdir():
         match = _FILE.match(entry.name)

@@ -183,6 +183,7 @@ class LeaseStore:
         self.max_audit_bytes = max_audit_bytes
         self.max_result_bytes = max_result_bytes
         self._connect_timeout = connect_timeout
+        self._conninfo = conninfo
         self._pool = psycopg_pool.ConnectionPool(
             conninfo,
             min_size=0,
@@ -218,8 +219,22 @@ class LeaseStore:
             # SQLSTATE class 55 is an OperationalError in psycopg, but this one is an answer
             # (approve_rerun of a running lease), not an unreachable store
             raise
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+        except psycopg_pool.PoolTimeout as exc:
+            raise LeaseStoreUnavailable(
+                f"lease store unavailable: {exc}: {self._why_no_connection()}"
+            ) from exc
+        except psycopg.OperationalError as exc:
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
+
+    def _why_no_connection(self) -> str:
+        # the pool only says it timed out; one direct attempt tells the operator why
+        try:
+            with psycopg.connect(
+                self._conninfo, connect_timeout=max(1, math.ceil(self._connect_timeout))
+            ):
+                return f"all {self._pool.max_size} pooled connections are busy"
+        except psycopg.Error as exc:
+            return str(exc).strip()
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.connection() as conn:
@@ -263,18 +278,19 @@ class LeaseStore:
         """
         check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
+        holder_json = holder.to_json()
         rows = self._rows(
             "acquire",
             {
                 "key": key,
-                "holder": Jsonb(holder.to_json()),
+                "holder": Jsonb(holder_json),
                 "ttl_ms": round(ttl * 1000),
                 "business_date": business_date,
                 "horizon_days": self.horizon_days,
                 "input": self._audit_json(input),
             },
         )
-        return self._acquisition(key, rows[0], ttl, business_date)
+        return self._acquisition(key, rows[0], ttl, business_date, (holder, holder_json))
 
     def acquire_many(
         self,
@@ -291,17 +307,19 @@ class LeaseStore:
         for key in keys:
             check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
+        holder_json = holder.to_json()
         rows = self._rows(
             "acquire_batch",
             {
                 "keys": list(keys),
-                "holder": Jsonb(holder.to_json()),
+                "holder": Jsonb(holder_json),
                 "ttl_ms": round(ttl * 1000),
                 "business_date": business_date,
                 "horizon_days": self.horizon_days,
             },
         )
-        return [self._acquisition(row["key"], row, ttl, business_date) for row in rows]
+        caller = (holder, holder_json)
+        return [self._acquisition(row["key"], row, ttl, business_date, caller) for row in rows]
 
     def renew(self, lease: Lease, *, ttl: float | None = None) -> datetime:
         """Extends the lease; returns the new expiry.
@@ -374,14 +392,22 @@ class LeaseStore:
         return None if clean is None else Jsonb(clean)
 
     def _acquisition(
-        self, key: str, row: Mapping[str, Any], ttl: float, business_date: date | None
+        self,
+        key: str,
+        row: Mapping[str, Any],
+        ttl: float,
+        business_date: date | None,
+        caller: tuple[Holder, dict[str, Any]],
     ) -> Acquisition:
+        # a granted row names the caller: reuse it rather than parse it (acquire_many: per key)
+        stored = row["holder"]
+        mine = row.get("held_by_caller") or (stored is not None and stored == caller[1])
         return Acquisition(
             key=key,
             outcome=Outcome(row["outcome"]),
             token=row["token"],
             attempt=row["attempt"],
-            holder=_holder(row["holder"]),
+            holder=caller[0] if mine else _holder(stored),
             expires_at=row["expires_at"],
             result=row["result"],
             previous_holder=_holder(row["previous_holder"]),

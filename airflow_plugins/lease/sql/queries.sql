@@ -6,8 +6,15 @@ SELECT * FROM runlease.acquire(%(key)s, %(holder)s, %(ttl_ms)s, %(business_date)
                                %(horizon_days)s, %(input)s);
 
 -- name: acquire_batch
-SELECT * FROM runlease.acquire_batch(%(keys)s, %(holder)s, %(ttl_ms)s, %(business_date)s,
-                                     %(horizon_days)s);
+-- The caller's own holder is not sent back once per key (decoding it is most of the client's
+-- cost of a large batch): held_by_caller says the row's holder is the caller.
+SELECT b.key, b.outcome, b.token, b.attempt,
+       CASE WHEN b.holder = %(holder)s THEN NULL ELSE b.holder END AS holder,
+       coalesce(b.holder = %(holder)s, false) AS held_by_caller,
+       b.expires_at, b.result, b.previous_holder, b.previous_token, b.detail
+FROM runlease.acquire_batch(%(keys)s, %(holder)s, %(ttl_ms)s, %(business_date)s,
+                            %(horizon_days)s) AS b
+ORDER BY b.key;
 
 -- name: renew
 UPDATE runlease.lease

@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS runlease.lease (
 CREATE INDEX IF NOT EXISTS lease_running_expiry ON runlease.lease (expires_at)
     WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS lease_business_date ON runlease.lease (business_date, key);
+-- One DAG's leases over a range of business periods (the watcher's gap detection, the views):
+-- keys are dag/task/period[/map]; periods are ISO text, so byte order is time order.
+CREATE INDEX IF NOT EXISTS lease_dag_period ON runlease.lease
+    (split_part(key, '/', 1), (split_part(key, '/', 3) COLLATE "C"));
 
 -- Every transition and every refused or blocked acquire, written in the transaction that made
 -- it. Partitioned by month so old months are dropped whole; the default partition keeps a row
@@ -56,6 +60,9 @@ CREATE TABLE IF NOT EXISTS runlease.audit (
 CREATE TABLE IF NOT EXISTS runlease.audit_default PARTITION OF runlease.audit DEFAULT;
 CREATE INDEX IF NOT EXISTS audit_key_at ON runlease.audit (key, at);
 CREATE INDEX IF NOT EXISTS audit_business_date ON runlease.audit (business_date, key);
+-- "Did dag X run for date D, exactly once?" on a peak day of millions of rows.
+CREATE INDEX IF NOT EXISTS audit_dag_period ON runlease.audit
+    (split_part(key, '/', 1), (split_part(key, '/', 3) COLLATE "C"), at);
 
 -- Keys whose lease rows were pruned are refused by their business date: below this floor the
 -- store no longer knows whether the work was done.
@@ -110,15 +117,19 @@ SELECT runlease.ensure_audit_partitions(
     (date_trunc('month', now()) + interval '3 months')::date);
 
 -- Writes one audit row. Inputs and outputs arrive already masked and size-limited by the client.
+-- plpgsql, not sql: a sql function's INSERT is planned again on every call, plpgsql keeps the
+-- plan for the session (this is on the path of every transition).
 CREATE OR REPLACE FUNCTION runlease.record(
     p_key text, p_event text, p_token bigint, p_holder jsonb, p_attempt integer,
     p_business_date date, p_input jsonb, p_output jsonb, p_duration_ms bigint,
     p_outcome text, p_actor text, p_reason text)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO runlease.audit (key, event, token, holder, attempt, business_date, input,
                                 output, duration_ms, outcome, actor, reason)
     VALUES (p_key, p_event, p_token, p_holder, p_attempt, p_business_date, p_input,
-            p_output, p_duration_ms, p_outcome, p_actor, p_reason)
+            p_output, p_duration_ms, p_outcome, p_actor, p_reason);
+END;
 $$;
 
 -- The acquire of one key, decided under the key's row lock. Outcomes:
@@ -390,7 +401,11 @@ END;
 $$;
 
 -- Acquires many keys for one holder in one round trip and one transaction (fanned-out work:
--- per-tenant tasks). Keys are taken in sorted order so concurrent batches cannot deadlock.
+-- per-tenant tasks). Set-based for the common case: every key that has no row yet is inserted
+-- (token drawn per inserted row, as in acquire) and audited by one statement each; only keys
+-- that already have a row (or a date the retention check refuses) go through acquire one by
+-- one. Both steps take keys in sorted order, so concurrent batches cannot deadlock; a key a
+-- concurrent transaction inserts first is waited for and then decided by acquire.
 CREATE OR REPLACE FUNCTION runlease.acquire_batch(
     p_keys text[], p_holder jsonb, p_ttl_ms integer, p_business_date date,
     p_horizon_days integer)
@@ -399,9 +414,49 @@ RETURNS TABLE (key text, outcome text, token bigint, attempt integer, holder jso
                previous_token bigint, detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_key text;
+    v_key     text;
+    v_floor   date;
+    v_ttl     interval := make_interval(secs => p_ttl_ms / 1000.0);
+    v_new     text[] := '{}';
+    v_tokens  bigint[] := '{}';
 BEGIN
-    FOR v_key IN SELECT DISTINCT k FROM unnest(p_keys) AS k ORDER BY k LOOP
+    IF p_business_date IS NOT NULL THEN
+        SELECT r.pruned_before INTO v_floor FROM runlease.retention r;
+    END IF;
+    -- a refused date inserts nothing: acquire refuses (and audits) each key below
+    IF p_business_date IS NULL
+       OR NOT (p_business_date < current_date - p_horizon_days
+               OR (v_floor IS NOT NULL AND p_business_date < v_floor)) THEN
+        WITH wanted AS (
+            SELECT DISTINCT w.k FROM unnest(p_keys) AS w(k) ORDER BY w.k
+        ), inserted AS (
+            INSERT INTO runlease.lease AS l (key, state, token, holder, attempt, business_date,
+                                             acquired_at, expires_at)
+            SELECT w.k, 'running', nextval('runlease.fencing_token'), p_holder, 1,
+                   p_business_date, now(), now() + v_ttl
+            FROM wanted w ORDER BY w.k
+            ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
+            RETURNING l.key, l.token
+        ), audited AS (
+            INSERT INTO runlease.audit (key, event, token, holder, attempt, business_date,
+                                        outcome)
+            SELECT i.key, 'acquire', i.token, p_holder, 1, p_business_date, 'granted'
+            FROM inserted i ORDER BY i.key
+        )
+        SELECT coalesce(array_agg(i.key ORDER BY i.key), '{}'),
+               coalesce(array_agg(i.token ORDER BY i.key), '{}')
+        INTO v_new, v_tokens
+        FROM inserted i;
+    END IF;
+    RETURN QUERY
+        SELECT n.k, 'granted'::text, n.t, 1, p_holder, now() + v_ttl, NULL::jsonb,
+               NULL::jsonb, NULL::bigint, NULL::text
+        FROM unnest(v_new, v_tokens) AS n(k, t);
+    FOR v_key IN
+        SELECT r.k FROM (SELECT w.k FROM unnest(p_keys) AS w(k)
+                         EXCEPT SELECT n.k FROM unnest(v_new) AS n(k)) r
+        ORDER BY r.k
+    LOOP
         RETURN QUERY SELECT v_key, a.* FROM runlease.acquire(
             v_key, p_holder, p_ttl_ms, p_business_date, p_horizon_days, NULL) a;
     END LOOP;
