@@ -26,6 +26,7 @@ from airflow_plugins.lease.store import check_key
 SHADOW_SUFFIX = "#shadow"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PERIOD_TEXT = {
+    "minute": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"),
     "hour": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}$"),
     "day": re.compile(r"^\d{4}-\d{2}-\d{2}$"),
     "week": re.compile(r"^\d{4}-W\d{2}$"),
@@ -38,6 +39,7 @@ _PERIOD_TEXT = {
 class Period(enum.StrEnum):
     """The grain of a DAG's business date: what one scheduled run stands for."""
 
+    MINUTE = "minute"
     HOUR = "hour"
     DAY = "day"
     WEEK = "week"
@@ -48,6 +50,8 @@ class Period(enum.StrEnum):
     @classmethod
     def of_interval(cls, interval: timedelta) -> Period:
         """The coarsest period not longer than a schedule's interval (hourly -> hour)."""
+        if interval < timedelta(hours=1):
+            return cls.MINUTE
         if interval < timedelta(days=1):
             return cls.HOUR
         if interval < timedelta(days=7):
@@ -73,6 +77,8 @@ def business_period(moment: datetime, period: Period, timezone: str = "UTC") -> 
         local = moment.astimezone(ZoneInfo(timezone))
     except ZoneInfoNotFoundError as exc:
         raise InvalidLeaseInput(f"unknown timezone {timezone!r}") from exc
+    if period is Period.MINUTE:
+        return local.strftime("%Y-%m-%dT%H:%M")
     if period is Period.HOUR:
         return local.strftime("%Y-%m-%dT%H")
     if period is Period.DAY:

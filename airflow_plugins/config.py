@@ -1,0 +1,226 @@
+"""The plugin's options: the ``[exactly_once]`` section of ``airflow.cfg``.
+
+Every option is declared here with its type, default and meaning, and read lazily by a small
+function when it is needed, never at import time (a DAG file importing the operator must not
+need a configured Airflow). Each can also be set by environment, Airflow's usual way:
+``AIRFLOW__EXACTLY_ONCE__TTL=30``.
+
+``enabled``
+    ``True``. When ``False`` the protected operators, decorated tasks and policy-wrapped tasks
+    run their body plainly: no lease, no fence (``Fence.transaction`` is a plain transaction).
+    Only for "plugin disabled" comparisons and benchmarks.
+``lease_conn_id``
+    ``exactly_once_leases``. The Airflow Connection (type postgres) of the lease store.
+``lease_dsn``
+    empty. A libpq DSN/URL that overrides ``lease_conn_id``. Scheduler-side hooks never read
+    Connections from Airflow's metadata database, so they need this option or the Connection as
+    an environment variable (``AIRFLOW_CONN_EXACTLY_ONCE_LEASES``).
+``ttl``
+    ``60``. Seconds a lease lives unless renewed: how long a dead holder blocks its key.
+``heartbeat``
+    ``0`` (= a third of ``ttl``). Seconds between lease renewals.
+``opt_in_tag``
+    ``exactly-once``. DAGs with this tag get their tasks wrapped by the cluster policy.
+``horizon_days``
+    ``400``. Acquires for business dates older than this, with no record, are refused.
+``wait_poll_interval``
+    ``5``. Seconds between lease-store checks of a deferred task waiting for a held lease or
+    for the lease store to come back.
+``router``
+    empty. ``module:attribute`` of a ``Router`` (see ``airflow_plugins.routing``) that decides
+    per run whether protected work runs in Airflow or is handed to another engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+import psycopg
+
+from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.errors import InvalidLeaseInput
+
+SECTION = "exactly_once"
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One declared option of the ``[exactly_once]`` section."""
+
+    name: str
+    type: type
+    default: str
+    description: str
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("enabled", bool, "True", "protect at all (False: bodies run plainly)"),
+        Option("lease_conn_id", str, "exactly_once_leases", "Connection of the lease store"),
+        Option("lease_dsn", str, "", "DSN of the lease store; overrides lease_conn_id"),
+        Option("ttl", float, "60", "seconds a lease lives unless renewed"),
+        Option("heartbeat", float, "0", "seconds between renewals (0: ttl / 3)"),
+        Option("opt_in_tag", str, "exactly-once", "DAG tag that opts a DAG into the policy"),
+        Option("horizon_days", int, "400", "retention horizon of the lease store, days"),
+        Option("wait_poll_interval", float, "5", "seconds between checks while deferred"),
+        Option("router", str, "", "module:attribute of the Router deciding the engine"),
+    )
+}
+
+
+def _raw(name: str) -> str:
+    option = OPTIONS[name]
+    from airflow.configuration import conf
+
+    value = conf.get(SECTION, name, fallback=option.default)
+    return option.default if value is None else str(value).strip()
+
+
+def enabled() -> bool:
+    """Whether protection is on (``[exactly_once] enabled``)."""
+    return _raw("enabled").lower() in ("true", "1", "yes", "on", "t", "y")
+
+
+def lease_conn_id() -> str:
+    """The Airflow Connection id of the lease store."""
+    return _raw("lease_conn_id") or OPTIONS["lease_conn_id"].default
+
+
+def ttl() -> float:
+    """Lease TTL in seconds."""
+    return _number("ttl", float)
+
+
+def heartbeat() -> float:
+    """Seconds between lease renewals (a third of the TTL unless set)."""
+    value = _number("heartbeat", float)
+    return value if value > 0 else ttl() / 3
+
+
+def opt_in_tag() -> str:
+    """The DAG tag that opts a DAG into the cluster policy."""
+    return _raw("opt_in_tag") or OPTIONS["opt_in_tag"].default
+
+
+def horizon_days() -> int:
+    """The lease store's retention horizon in days."""
+    return int(_number("horizon_days", int))
+
+
+def wait_poll_interval() -> float:
+    """Seconds between lease-store checks of a deferred, waiting task."""
+    return max(0.2, _number("wait_poll_interval", float))
+
+
+def router_path() -> str:
+    """``module:attribute`` of the configured router, or empty."""
+    return _raw("router")
+
+
+def _number(name: str, kind: type[int] | type[float]) -> float:
+    text = _raw(name)
+    try:
+        return kind(text)
+    except ValueError as exc:
+        raise InvalidLeaseInput(f"[{SECTION}] {name} = {text!r} is not a number") from exc
+
+
+# -- the lease store's address ------------------------------------------------------------------
+
+
+def dsn_of_connection(conn: Any) -> str:
+    """A libpq DSN from an Airflow Connection of type postgres (host, port, login, schema)."""
+    extra = dict(getattr(conn, "extra_dejson", None) or {})
+    params: dict[str, Any] = {
+        "host": conn.host or None,
+        "port": conn.port or None,
+        "user": conn.login or None,
+        "password": conn.password or None,
+        "dbname": conn.schema or None,
+    }
+    for name in ("sslmode", "sslrootcert", "sslcert", "sslkey", "options", "application_name"):
+        if extra.get(name):
+            params[name] = extra[name]
+    return psycopg.conninfo.make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def _connection_from_env(conn_id: str) -> str | None:
+    value = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+    if not value:
+        return None
+    from airflow.sdk import Connection
+
+    if value.lstrip().startswith("{"):
+        return dsn_of_connection(Connection.from_json(value, conn_id=conn_id))
+    return dsn_of_connection(Connection.from_uri(value, conn_id=conn_id))
+
+
+def lease_dsn(*, metastore: bool = True, conn_id: str | None = None) -> str:
+    """The lease store's DSN: ``lease_dsn``, else the Connection ``lease_conn_id``.
+
+    Args:
+        metastore: whether the Connection may be looked up through Airflow (task code, the
+            triggerer). Scheduler-side hooks pass False: only the option and the
+            ``AIRFLOW_CONN_*`` environment variable are read there, since a metadata-database
+            session opened inside a scheduler hook breaks the scheduler's own.
+        conn_id: a task's own lease Connection (the operator's ``lease_conn_id``); it wins
+            over both options.
+
+    Raises:
+        InvalidLeaseInput: no lease store is configured (fail closed: nothing protected runs).
+    """
+    if conn_id is None:
+        if configured := _raw("lease_dsn"):
+            return configured
+        conn_id = lease_conn_id()
+    if from_env := _connection_from_env(conn_id):
+        return from_env
+    if metastore:
+        from airflow.sdk import BaseHook
+
+        try:
+            return dsn_of_connection(BaseHook.get_connection(conn_id))
+        except Exception as exc:  # Airflow raises its own NotFound types per context
+            raise InvalidLeaseInput(
+                f"the lease store is not configured: Connection {conn_id!r} could not be read "
+                f"({exc}); set [{SECTION}] lease_conn_id or lease_dsn"
+            ) from exc
+    raise InvalidLeaseInput(
+        f"the lease store is not configured here: set [{SECTION}] lease_dsn or "
+        f"AIRFLOW_CONN_{conn_id.upper()}"
+    )
+
+
+def sink_dsn(conn_id: str) -> str:
+    """The DSN of a sink's Airflow Connection (type postgres)."""
+    if dsn := _connection_from_env(conn_id):
+        return dsn
+    from airflow.sdk import BaseHook
+
+    return dsn_of_connection(BaseHook.get_connection(conn_id))
+
+
+_stores: dict[tuple[str, float, int, float], LeaseStore] = {}
+_stores_lock = threading.Lock()
+
+
+def lease_store(dsn: str | None = None, *, connect_timeout: float = 5.0) -> LeaseStore:
+    """The process's lease store for ``dsn`` (default: the configured one), opened once.
+
+    A store is a small connection pool; one per process and DSN keeps tasks from paying a new
+    connection per call.
+    """
+    dsn = dsn or lease_dsn()
+    cache_key = (dsn, connect_timeout, horizon_days(), ttl())
+    with _stores_lock:
+        store = _stores.get(cache_key)
+        if store is None:
+            store = LeaseStore(
+                dsn, ttl=cache_key[3], horizon_days=cache_key[2], connect_timeout=connect_timeout
+            )
+            _stores[cache_key] = store
+        return store

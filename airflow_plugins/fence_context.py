@@ -1,0 +1,226 @@
+"""The ``Fence`` a protected body receives: its lease, its sink transaction, its stop signal.
+
+Imports nothing from Airflow, so a Temporal activity (the bridge) can hand its work the same
+object. A body looks like::
+
+    def charge_all(fence: Fence, customers: list[str]) -> dict[str, int]:
+        charged = 0
+        with fence.transaction() as tx:
+            for customer in tx.claim_many(customers):   # skips items already done
+                fence.check()                            # stop promptly when told to
+                tx.conn.execute("INSERT INTO charges ...", (customer, fence.token))
+                charged += 1
+        return {"charged": charged}
+
+A superseded holder's ``transaction()`` raises ``StaleToken`` (at the fence, before any write),
+or its commit fails; ``check()`` raises ``FenceStopped`` once the task is told to stop or the
+lease is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import psycopg
+
+from airflow_plugins.lease import (
+    FencedWrite,
+    Lease,
+    LeaseLost,
+    advance_fence,
+    fenced_transaction,
+    http_headers,
+    idempotency_key,
+)
+from airflow_plugins.lease.fence import DEFAULT_IDLE_TIMEOUT
+
+SinkConnect = Callable[[], "psycopg.Connection[Any]"]
+
+
+class FenceStopped(LeaseLost):
+    """The work was told to stop (``on_kill``) or its lease was lost: stop writing now."""
+
+
+class SinkWrite(Protocol):
+    """What ``Fence.transaction`` yields: a fenced (or, protection off, a plain) transaction."""
+
+    conn: psycopg.Connection[Any]
+    key: str
+    token: int
+
+    def claim(self, item: str) -> bool:
+        """Records ``item`` as done; False means it was done already: skip it."""
+
+    def claim_many(self, items: Iterable[str]) -> list[str]:
+        """Claims many items; returns those not done yet."""
+
+    def done(self, items: Iterable[str]) -> set[str]:
+        """The items already done under this key."""
+
+    def headers(self, item: str) -> dict[str, str]:
+        """Fence headers for an HTTP call that writes ``item``."""
+
+
+class UnfencedWrite:
+    """A plain transaction with the ``FencedWrite`` interface: protection is switched off.
+
+    Every item is "new", nothing is recorded: this is what plain Airflow does.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], key: str) -> None:
+        self.conn = conn
+        self.key = key
+        self.token = 0
+
+    def claim(self, item: str) -> bool:
+        """Always True: nothing is fenced."""
+        return True
+
+    def claim_many(self, items: Iterable[str]) -> list[str]:
+        """Every item: nothing is fenced."""
+        return list(items)
+
+    def done(self, items: Iterable[str]) -> set[str]:
+        """Nothing: no ledger is kept."""
+        return set()
+
+    def headers(self, item: str) -> dict[str, str]:
+        """Only the idempotency key (no token exists)."""
+        return {"Idempotency-Key": idempotency_key(self.key, item)}
+
+
+class Fence:
+    """The protected body's handle on its lease and its sink.
+
+    Attributes:
+        key: the lease key (business identity), e.g. ``billing_nightly/charge/2024-02-15``.
+        token: the fencing token of this holder (0 when protection is off).
+        attempt: how many times the key has been granted (1 for the first run).
+        business_date: the business date the key stands for.
+        lease: the held lease (None when protection is off).
+        protected: False when the plugin is disabled and the body runs plainly.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        token: int,
+        attempt: int,
+        business_date: str,
+        lease: Lease | None,
+        sink_connect: SinkConnect | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        self.key = key
+        self.token = token
+        self.attempt = attempt
+        self.business_date = business_date
+        self.lease = lease
+        self.idle_timeout = idle_timeout
+        self._sink_connect = sink_connect
+        self._conn: psycopg.Connection[Any] | None = None
+        self.stop_event = threading.Event()
+        self.stop_reason: str | None = None
+
+    @classmethod
+    def unprotected(
+        cls, key: str, business_date: str, sink_connect: SinkConnect | None = None
+    ) -> Fence:
+        """The fence of a body running with protection switched off."""
+        return cls(
+            key=key,
+            token=0,
+            attempt=0,
+            business_date=business_date,
+            lease=None,
+            sink_connect=sink_connect,
+        )
+
+    @property
+    def protected(self) -> bool:
+        """Whether a lease protects this body."""
+        return self.lease is not None
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> None:
+        """Tells the body to stop (``on_kill``, or the lease keeper lost the lease)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stop_event.set()
+
+    @property
+    def stopped(self) -> bool:
+        """True once the body was told to stop."""
+        return self.stop_event.is_set()
+
+    def check(self) -> None:
+        """Raises ``FenceStopped`` once the body must stop; call it between items of work."""
+        if self.stop_event.is_set():
+            raise FenceStopped(self.key, self.token, self.stop_reason or "told to stop")
+
+    # -- the sink ---------------------------------------------------------------------------
+
+    def connection(self) -> psycopg.Connection[Any]:
+        """The sink connection (opened once, on first use, from the task's ``sink_conn_id``).
+
+        Raises:
+            RuntimeError: the task names no sink.
+        """
+        if self._conn is None or self._conn.closed:
+            if self._sink_connect is None:
+                raise RuntimeError(
+                    f"{self.key}: no sink configured; pass sink_conn_id to the operator"
+                )
+            self._conn = self._sink_connect()
+        return self._conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SinkWrite]:
+        """A sink transaction only this key's newest holder can commit.
+
+        Raises:
+            StaleToken: a newer holder has written under the key; nothing was written.
+            FenceStopped: the body was told to stop before the transaction began.
+        """
+        self.check()
+        conn = self.connection()
+        if self.lease is None:
+            with conn.transaction():
+                yield UnfencedWrite(conn, self.key)
+            return
+        write: FencedWrite
+        with fenced_transaction(
+            conn, self.key, self.token, idle_timeout=self.idle_timeout
+        ) as write:
+            yield write
+
+    def advance_sink_fence(self) -> None:
+        """Raises the sink's fence to this token before any work (older holders are refused).
+
+        Raises:
+            StaleToken: a newer holder has already written (this one was superseded).
+        """
+        if self.lease is not None and self._sink_connect is not None:
+            advance_fence(self.connection(), self.key, self.token)
+
+    def idempotency_key(self, item: str) -> str:
+        """A stable per-item idempotency key (the same for every holder of the key)."""
+        return idempotency_key(self.key, item)
+
+    def headers(self, item: str) -> dict[str, str]:
+        """Headers that carry the fence to an HTTP sink: idempotency key, token, lease key."""
+        if self.lease is None:
+            return {"Idempotency-Key": self.idempotency_key(item)}
+        return http_headers(self.key, self.token, item)
+
+    def close(self) -> None:
+        """Closes the sink connection, if one was opened."""
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

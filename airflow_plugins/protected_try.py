@@ -1,0 +1,435 @@
+"""One protected try of a task: route, acquire, run under the lease, finish; or wait.
+
+Shared by ``ExactlyOnceOperator``, ``@exactly_once_task`` and the tasks the cluster policy
+wraps, so they decide outcomes the same way:
+
+* granted / taken over: the sink fence is advanced to the new token, the body runs with a lease
+  keeper renewing the lease, and the lease is completed with the body's result;
+* held by a live holder: the task defers on ``LeaseReleasedTrigger`` (no worker slot, no retry
+  used) and acquires again when the lease is released or expires;
+* already succeeded: the body does not run; the recorded result is returned, so XCom downstream
+  sees the first run's value, and the task ends **successful**, not skipped: a skipped task would
+  skip its downstream tasks under the default trigger rule (a finished billing run must not stop
+  the invoice mail that follows it), and the lease's audit row already records that this try was
+  turned away as ``succeeded``;
+* refused (older than the retention horizon): the task fails without retrying;
+* the body fails: the lease is failed and the error re-raised, so Airflow's retries take the
+  key again with a new token (a body that skips itself releases the lease instead);
+* the lease store is unreachable: the task defers on ``LeaseStoreReachableTrigger`` and acquires
+  again when it answers; no retry is used up and the body never runs without a lease.
+
+A sanctioned re-run of a succeeded business date: the run's conf
+``{"exactly_once_rerun": {"reason": "..."}}`` approves one more run of each protected key of
+that DAG run through ``LeaseStore.approve_rerun``, with the run's triggering user as the actor,
+audited. Backfills map onto it the same way: ``reprocess_behavior="completed"`` alone re-creates
+the DAG runs, whose protected tasks then return the recorded results without re-doing the
+effects; a backfill whose ``dag_run_conf`` carries ``exactly_once_rerun`` re-does them, once per
+business date, audited under the user who started the backfill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from airflow_plugins import config, routing
+from airflow_plugins.fence_context import Fence, SinkConnect
+from airflow_plugins.lease import (
+    Acquisition,
+    InvalidLeaseInput,
+    Lease,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    Outcome,
+)
+from airflow_plugins.task_key import TaskTarget, target_from_context
+
+log = logging.getLogger(__name__)
+
+RERUN_CONF_KEY = "exactly_once_rerun"
+LostCallback = Callable[[Fence, str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Protection:
+    """How a task is protected.
+
+    Attributes:
+        period: the business period (None: from the DAG's tag or schedule).
+        timezone: the business timezone (None: the DAG's).
+        sink_conn_id: the Airflow Connection of the sink the body writes to, if any.
+        ttl: lease TTL in seconds (None: ``[exactly_once] ttl``).
+        heartbeat: seconds between renewals (None: ``[exactly_once] heartbeat``).
+        lease_conn_id: the task's own lease-store Connection (None: the configured store).
+        resume_method: the task's method the deferrals resume into.
+        on_lost: called when the lease is lost while the body runs (default: stop the fence).
+    """
+
+    period: str | None = None
+    timezone: str | None = None
+    sink_conn_id: str | None = None
+    ttl: float | None = None
+    heartbeat: float | None = None
+    lease_conn_id: str | None = None
+    resume_method: str = "resume_after_wait"
+    on_lost: LostCallback | None = None
+
+
+@dataclasses.dataclass
+class _ActiveTry:
+    fence: Fence
+    keeper: LeaseKeeper
+    store: LeaseStore
+    lease: Lease
+
+
+_active: _ActiveTry | None = None
+_active_lock = threading.Lock()
+
+
+def stop_active_try(reason: str, *, release: bool = True) -> bool:
+    """Stops the protected body running in this process (``on_kill``): fence stopped, keeper
+    stopped, lease released so the next try starts at once (unless ``release`` is False: the
+    caller cannot stop the body and ends the process instead; the lease then expires).
+    Returns whether one was running."""
+    with _active_lock:
+        active = _active
+    if active is None:
+        return False
+    active.fence.stop(reason)
+    active.keeper.stop()
+    if not release:
+        return True
+    try:
+        active.store.release(active.lease, reason)
+    except (LeaseLost, LeaseStoreUnavailable) as exc:
+        log.warning("releasing %s on stop: %s", active.lease.key, exc)
+    return True
+
+
+def active_fence() -> Fence | None:
+    """The fence of the protected body running in this process, if any."""
+    with _active_lock:
+        return None if _active is None else _active.fence
+
+
+def _sink_connect(conn_id: str | None) -> SinkConnect | None:
+    if conn_id is None:
+        return None
+
+    def connect() -> Any:
+        import psycopg
+
+        return psycopg.connect(config.sink_dsn(conn_id), autocommit=True)
+
+    return connect
+
+
+def _fail_task(message: str) -> BaseException:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    return AirflowFailException(message)
+
+
+def _retryable(message: str) -> BaseException:
+    from airflow.sdk.exceptions import AirflowException
+
+    return AirflowException(message)
+
+
+def protected_run(target: TaskTarget) -> routing.ProtectedRun:
+    """The routing view of a target."""
+    holder = target.holder
+    return routing.ProtectedRun(
+        key=target.key,
+        dag_id=str(holder.dag_id),
+        run_id=str(holder.run_id),
+        task_id=str(holder.task_id),
+        map_index=-1 if holder.map_index is None else holder.map_index,
+        try_number=int(holder.try_number or 0),
+        run_started_at=target.run_started_at,
+        conf=target.conf,
+        triggering_user=target.triggering_user,
+    )
+
+
+def resolve_target(context: Mapping[str, Any], protection: Protection) -> TaskTarget:
+    """The try's business identity; a bad or missing business date fails without retrying."""
+    try:
+        return target_from_context(context, period=protection.period, timezone=protection.timezone)
+    except InvalidLeaseInput as exc:
+        raise _fail_task(f"exactly-once: {exc}") from exc
+
+
+def approve_rerun_if_asked(store: LeaseStore, target: TaskTarget) -> bool:
+    """Applies the run conf's ``exactly_once_rerun`` to this key, once per DAG run.
+
+    Returns whether a re-run was approved now.
+
+    Raises:
+        AirflowFailException: the request has no reason or the run no triggering user.
+        LeaseStoreUnavailable: the store did not answer.
+    """
+    if RERUN_CONF_KEY not in target.conf:
+        return False
+    ask = target.conf[RERUN_CONF_KEY]
+    reason = ask.get("reason") if isinstance(ask, Mapping) else None
+    if not isinstance(reason, str) or not reason.strip():
+        raise _fail_task(f'exactly-once: {RERUN_CONF_KEY} needs a reason: {{"reason": "..."}}')
+    if not target.triggering_user:
+        raise _fail_task(f"exactly-once: {RERUN_CONF_KEY} needs a run triggered by a user")
+    key = str(target.key)
+    row = store.get(key)
+    if row is None or row["state"] != "succeeded" or row["rerun_approved"]:
+        return False
+    run_id = target.holder.run_id
+    if (row.get("holder") or {}).get("run_id") == run_id:
+        return False  # this DAG run already did the re-run
+    marker = f"[dag run {run_id}]"
+    if any(
+        h["event"] == "approve_rerun" and marker in (h["reason"] or "") for h in store.history(key)
+    ):
+        return False  # approved for this run once already (and used by it or another)
+    try:
+        store.approve_rerun(
+            key,
+            actor=target.triggering_user,
+            reason=f"{reason.strip()} {marker}",
+            business_date=target.first_day,
+        )
+    except InvalidLeaseInput:
+        return False  # running again meanwhile: nothing to approve
+    return True
+
+
+def _audit_input(target: TaskTarget, extra: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {"conf": dict(target.conf)}
+    if extra is not None:
+        data["args"] = extra
+    return data
+
+
+def acquire(
+    store: LeaseStore, target: TaskTarget, protection: Protection, audit_input: Any = None
+) -> Acquisition:
+    """Approves a requested re-run, then asks for the key's lease.
+
+    Raises:
+        LeaseStoreUnavailable: the store did not answer (the caller defers).
+    """
+    approve_rerun_if_asked(store, target)
+    return store.acquire(
+        str(target.key),
+        target.holder,
+        ttl=protection.ttl,
+        business_date=target.first_day,
+        input=_audit_input(target, audit_input),
+    )
+
+
+def run_unprotected(
+    context: Mapping[str, Any], protection: Protection, body: Callable[[Fence], Any]
+) -> Any:
+    """Runs the body plainly (``[exactly_once] enabled = False``): no lease, no fence."""
+    ti = context["ti"]
+    try:
+        target = target_from_context(
+            context, period=protection.period, timezone=protection.timezone
+        )
+        key, business_date = str(target.key), target.business_date
+    except InvalidLeaseInput:
+        key, business_date = f"{ti.dag_id}/{ti.task_id}/unknown", "unknown"
+    fence = Fence.unprotected(key, business_date, _sink_connect(protection.sink_conn_id))
+    try:
+        return body(fence)
+    finally:
+        fence.close()
+
+
+def run_granted(
+    store: LeaseStore,
+    got: Acquisition,
+    target: TaskTarget,
+    protection: Protection,
+    body: Callable[[Fence], Any],
+) -> Any:
+    """Runs the body under a granted lease and finishes the lease with its outcome."""
+    global _active
+    lease = got.lease
+    if got.outcome is Outcome.TAKEN_OVER:
+        log.warning(
+            "exactly-once: %s taken over from token %s (%s)",
+            lease.key,
+            got.previous_token,
+            got.previous_holder.describe() if got.previous_holder else "?",
+        )
+    fence = Fence(
+        key=lease.key,
+        token=lease.token,
+        attempt=lease.attempt,
+        business_date=target.business_date,
+        lease=lease,
+        sink_connect=_sink_connect(protection.sink_conn_id),
+    )
+    on_lost = protection.on_lost
+
+    def lost(reason: str) -> None:
+        fence.stop(f"lease lost: {reason}")
+        if on_lost is not None:
+            on_lost(fence, reason)
+
+    keeper = LeaseKeeper(
+        store,
+        lease,
+        interval=min(protection.heartbeat or config.heartbeat(), lease.ttl / 2),
+        on_lost=lost,
+    )
+    try:
+        fence.advance_sink_fence()
+        with keeper:
+            with _active_lock:
+                _active = _ActiveTry(fence, keeper, store, lease)
+            result = body(fence)
+    except BaseException as exc:
+        if fence.stopped:
+            pass  # released by on_kill, or lost to another holder: nothing of ours to end
+        elif type(exc).__name__ == "AirflowSkipException":
+            _release_lease(store, lease, "the task skipped itself: the work was not done")
+        else:
+            _fail_lease(store, lease, exc)
+        raise
+    finally:
+        with _active_lock:
+            _active = None
+        fence.close()
+    _complete(store, lease, result)
+    return result
+
+
+def _complete(store: LeaseStore, lease: Lease, result: Any) -> None:
+    try:
+        store.complete(lease, result)
+    except InvalidLeaseInput as exc:
+        _fail_lease(store, lease, exc)
+        raise _fail_task(
+            f"exactly-once: {lease.key}: the result cannot be recorded ({exc}); return a small "
+            "JSON value (the lease hands it to every later run of this business date)"
+        ) from exc
+
+
+def _release_lease(store: LeaseStore, lease: Lease, reason: str) -> None:
+    try:
+        store.release(lease, reason)
+    except (LeaseLost, LeaseStoreUnavailable) as err:
+        log.warning("exactly-once: could not release %s: %s", lease.key, err)
+
+
+def _fail_lease(store: LeaseStore, lease: Lease, exc: BaseException) -> None:
+    try:
+        store.fail(lease, f"{type(exc).__name__}: {exc}")
+    except (LeaseLost, LeaseStoreUnavailable) as err:
+        log.warning("exactly-once: could not fail %s: %s", lease.key, err)
+
+
+def resume_handover(
+    task: Any, context: Mapping[str, Any], protection: Protection, event: Any
+) -> Any:
+    """Continues a handover after its deferral: the router's handover resumes.
+
+    Raises:
+        AirflowException: the router no longer hands this run over (nothing to resume).
+    """
+    target = resolve_target(context, protection)
+    run = protected_run(target)
+    route = routing.current_router().route(run)
+    if route.handover is None:
+        raise _retryable(f"exactly-once: {target.key}: no handover to resume")
+    return route.handover.resume(task, context, run, event)
+
+
+def merge_arguments(task: Any, context: Mapping[str, Any]) -> None:
+    """Puts a Python task's ``op_kwargs`` into its context, as ``PythonOperator`` does.
+
+    Done before anything else, so a ``map_index_template`` over the task's arguments
+    (``{{ tenant }}``) renders after the try also when the body did not run (the key had
+    succeeded), and renders the same as the lease key's map key.
+    """
+    op_kwargs = getattr(task, "op_kwargs", None)
+    if isinstance(op_kwargs, Mapping) and isinstance(context, dict):
+        for name, value in op_kwargs.items():
+            context.setdefault(name, value)
+
+
+def run_try(
+    task: Any,
+    context: Mapping[str, Any],
+    protection: Protection,
+    body: Callable[[Fence], Any],
+    *,
+    audit_input: Any = None,
+) -> Any:
+    """One protected try of ``task``: runs, hands over, returns the recorded result, or defers.
+
+    Raises:
+        TaskDeferred: waiting for a held lease or for the lease store (through ``task.defer``).
+        AirflowFailException: no business date, a refused key, an unrecordable result.
+        AirflowException: the lease store is not configured (retried by Airflow).
+    """
+    merge_arguments(task, context)
+    if not config.enabled():
+        return run_unprotected(context, protection, body)
+    target = resolve_target(context, protection)
+    route = routing.current_router().route(protected_run(target))
+    if route.handover is not None:
+        log.info("exactly-once: %s handed over (mode %s)", target.key, route.mode)
+        return route.handover.start(task, context, protected_run(target))
+    try:
+        store = config.lease_store(config.lease_dsn(conn_id=protection.lease_conn_id))
+    except InvalidLeaseInput as exc:
+        raise _retryable(f"exactly-once: {exc}") from exc
+    try:
+        got = acquire(store, target, protection, audit_input)
+    except LeaseStoreUnavailable as exc:
+        from airflow_plugins.triggers import LeaseStoreReachableTrigger
+
+        log.warning("exactly-once: %s: lease store unreachable, waiting: %s", target.key, exc)
+        task.defer(
+            trigger=LeaseStoreReachableTrigger(
+                poll_interval=config.wait_poll_interval(), conn_id=protection.lease_conn_id
+            ),
+            method_name=protection.resume_method,
+        )
+    if got.granted:
+        return run_granted(store, got, target, protection, body)
+    if got.outcome is Outcome.HELD:
+        from airflow_plugins.triggers import LeaseReleasedTrigger
+
+        log.info(
+            "exactly-once: %s held by %s until %s; waiting",
+            got.key,
+            got.holder.describe() if got.holder else "?",
+            got.expires_at,
+        )
+        task.defer(
+            trigger=LeaseReleasedTrigger(
+                key=got.key,
+                token=got.token or 0,
+                poll_interval=config.wait_poll_interval(),
+                conn_id=protection.lease_conn_id,
+            ),
+            method_name=protection.resume_method,
+        )
+    if got.outcome is Outcome.SUCCEEDED:
+        log.info(
+            "exactly-once: %s already succeeded (token %s); not running it again, "
+            "returning the recorded result",
+            got.key,
+            got.token,
+        )
+        return got.result
+    raise _fail_task(f"exactly-once: {got.key} refused: {got.detail}")

@@ -1,0 +1,151 @@
+"""Triggers a protected task defers on: it waits in the triggerer, holding no worker slot.
+
+``LeaseReleasedTrigger`` waits until a held lease is no longer running (completed, failed,
+released) or has expired (the holder died: a takeover is due). ``LeaseStoreReachableTrigger``
+waits until the lease store answers again. Both fire one event; the task then acquires again,
+so the database, not the trigger, decides who runs. The store is polled in a worker thread
+(psycopg's sync pool), never on the triggerer's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_plugins import config
+from airflow_plugins.lease import InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT = 3.0
+
+
+def _store(dsn: str | None, conn_id: str | None = None) -> LeaseStore:
+    return config.lease_store(
+        dsn or config.lease_dsn(conn_id=conn_id), connect_timeout=_CONNECT_TIMEOUT
+    )
+
+
+class LeaseReleasedTrigger(BaseTrigger):
+    """Fires when the lease of ``key`` is no longer held by a live holder.
+
+    Args:
+        key: the lease key the task waits for.
+        token: the token that held it when the task deferred (for the logs and the event).
+        poll_interval: seconds between checks.
+        dsn: the lease store's DSN (default: the configured store, resolved in the triggerer, so
+            no credentials travel in the trigger's stored arguments).
+        conn_id: the task's own lease-store Connection, if it has one (resolved in the
+            triggerer).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        token: int,
+        poll_interval: float = 5.0,
+        dsn: str | None = None,
+        conn_id: str | None = None,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.key = key
+        self.token = token
+        self.poll_interval = poll_interval
+        self.dsn = dsn
+        self.conn_id = conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The classpath and arguments that rebuild this trigger in the triggerer."""
+        return (
+            "airflow_plugins.triggers.LeaseReleasedTrigger",
+            {
+                "key": self.key,
+                "token": self.token,
+                "poll_interval": self.poll_interval,
+                "dsn": self.dsn,
+                "conn_id": self.conn_id,
+            },
+        )
+
+    def _state(self) -> str | None:
+        try:
+            row = _store(self.dsn, self.conn_id).get(self.key)
+        except LeaseStoreUnavailable as exc:
+            log.warning("waiting for %s: lease store unavailable: %s", self.key, exc)
+            return None
+        if row is None:
+            return "gone"
+        if row["state"] != "running":
+            return str(row["state"])
+        return "expired" if row["expired"] else None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Polls until the lease is free or expired, then yields one event."""
+        while True:
+            try:
+                state = await asyncio.to_thread(self._state)
+            except InvalidLeaseInput as exc:  # not configured in the triggerer
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "error", "key": self.key, "error": str(exc)}
+                )
+                return
+            if state is not None:
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "released", "key": self.key, "token": self.token, "state": state}
+                )
+                return
+            await asyncio.sleep(self.poll_interval)
+
+
+class LeaseStoreReachableTrigger(BaseTrigger):
+    """Fires when the lease store answers a query again.
+
+    Args:
+        poll_interval: seconds between checks.
+        dsn: the lease store's DSN (default: the configured one, resolved in the triggerer).
+        conn_id: the task's own lease-store Connection, if it has one.
+    """
+
+    def __init__(
+        self, poll_interval: float = 5.0, dsn: str | None = None, conn_id: str | None = None
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.poll_interval = poll_interval
+        self.dsn = dsn
+        self.conn_id = conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The classpath and arguments that rebuild this trigger in the triggerer."""
+        return (
+            "airflow_plugins.triggers.LeaseStoreReachableTrigger",
+            {"poll_interval": self.poll_interval, "dsn": self.dsn, "conn_id": self.conn_id},
+        )
+
+    def _reachable(self) -> bool:
+        try:
+            _store(self.dsn, self.conn_id).list_leases(limit=1)  # any named query proves it answers
+        except LeaseStoreUnavailable as exc:
+            log.info("lease store still unavailable: %s", exc)
+            return False
+        return True
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Polls until the store answers, then yields one event."""
+        while True:
+            try:
+                reachable = await asyncio.to_thread(self._reachable)
+            except InvalidLeaseInput as exc:
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "error", "error": str(exc)}
+                )
+                return
+            if reachable:
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "reachable"}
+                )
+                return
+            await asyncio.sleep(self.poll_interval)

@@ -1,0 +1,431 @@
+"""What the plugin costs a task, measured on a real Airflow 3.3 stack in one run.
+
+    .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
+                                                [--admin-dsn postgresql://postgres@127.0.0.1:5432/postgres]
+                                                [--pgbouncer]
+
+It starts one Airflow stack (two schedulers with LocalExecutor, api-server, dag-processor,
+triggerer; ports ``--port-base`` .. +7) on fresh databases of the given server (metadata and
+lease store, dropped at the end), with two DAGs of the same mapped no-op task
+(``bench/operator_overhead_dags``): ``eo_bench_protected`` (the plugin enabled) and
+``eo_bench_plain`` (the plugin's ``enabled`` switch off in its task processes: no lease, no
+fence, the listener's task hooks return at once). Batches of ``--batch`` tasks alternate
+between the two kinds (protected first in even pairs, plain first in odd ones), each batch alone
+on the stack, until each kind has run ``--tasks`` tasks (one uncounted warm-up pair first).
+
+Measured:
+
+* inside each task (``overhead_noop.py``'s stopwatch): the plugin's time = ``execute`` minus
+  the body, plus every listener hook in the task process: p50 / p99 for each kind; the time
+  the plugin adds is the protected kind's;
+* queued-to-done of each task (``queued_dttm`` to ``end_date``, REST API): p50 / p99 per kind;
+* throughput of a batch = tasks / (last ``end_date`` - first ``queued_dttm``); the ratio is
+  protected over plain, pooled over the pairs, with a 95% bootstrap interval over pairs (and
+  the per-pair t-interval).
+
+``--pgbouncer`` puts a PgBouncer (transaction pooling, as ``docs/operating.md`` recommends;
+port ``--port-base`` + 10, the ``pgbouncer`` binary must be installed) between the tasks and
+the lease store: a task process then connects to the pooler instead of starting a new Postgres
+backend, whose start-up and first calls of the lease functions are most of a cold task's cost.
+
+Progress goes to stderr; the last line of stdout is one JSON object. Targets: <= 10 ms added
+at p50, <= 50 ms at p99, throughput ratio >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.demo.deployment import (
+    LEASE_CONN_ID,
+    airflow_uri,
+    create_database,
+    drop_database,
+)
+from airflow_plugins.demo.stack import ADMIN_USER, AirflowStack, wait_until
+from airflow_plugins.lease import LEASE_STORE, migrate
+
+DAGS = Path(__file__).resolve().parent / "operator_overhead_dags"
+PROTECTED, PLAIN = "eo_bench_protected", "eo_bench_plain"
+TARGETS = {"added_p50_ms": 10.0, "added_p99_ms": 50.0, "throughput_ratio": 0.97}
+# t quantiles (two-sided 95%) for small samples; larger ones use 1.96
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+T95.update({10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04})
+
+
+def say(message: str) -> None:
+    """Progress, on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def t_quantile(df: int) -> float:
+    """The two-sided 95% t quantile for ``df`` degrees of freedom (conservative step table)."""
+    return next((T95[k] for k in sorted(T95) if k >= df), 1.96)
+
+
+def _ts(value: str | None) -> datetime:
+    if not value:
+        raise ValueError("a finished task instance without a timestamp")
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class PgBouncer:
+    """A PgBouncer in transaction mode in front of one database (for ``--pgbouncer``)."""
+
+    def __init__(self, dsn: str, port: int) -> None:
+        self.target = psycopg.conninfo.conninfo_to_dict(dsn)
+        self.port = port
+        self.folder = Path(tempfile.mkdtemp(prefix="eo-bench-pgbouncer-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dsn(self) -> str:
+        """The pooled DSN (same database name, the pooler's port)."""
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=str(self.target["dbname"])
+        )
+
+    def start(self) -> None:
+        """Writes the config and starts the pooler; waits until it answers."""
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        t = self.target
+        ini = self.folder / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"{t['dbname']} = host={t.get('host', '127.0.0.1')} port={t.get('port', 5432)} "
+            f"dbname={t['dbname']} user={t.get('user', 'postgres')}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            "auth_type = any\npool_mode = transaction\nmax_client_conn = 500\n"
+            "default_pool_size = 8\nserver_reset_query =\nignore_startup_parameters = "
+            "options,extra_float_digits\n"
+            f"logfile = {self.folder / 'pgbouncer.log'}\n"
+        )
+        self.folder.chmod(0o777)
+        ini.chmod(0o644)
+        argv = [binary, str(ini)]
+        if os.geteuid() == 0:  # it refuses to run as root: the embedded server's user
+            from airflow_plugins.embedded_postgres import _service_user
+
+            user = _service_user()
+            argv[1:1] = ["-u", user.pw_name if user else "nobody"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_until(self._answers, timeout=30, what="pgbouncer")
+
+    def _answers(self) -> bool:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Stops the pooler (by its pid) and removes its folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Bench:
+    """One stack, two DAGs, alternating batches."""
+
+    def __init__(
+        self,
+        admin_dsn: str,
+        tasks: int,
+        batch: int,
+        port_base: int,
+        *,
+        pgbouncer: bool = False,
+        parallelism: int = 8,
+    ) -> None:
+        self.admin_dsn = admin_dsn
+        self.parallelism = parallelism
+        self.use_pgbouncer = pgbouncer
+        self.pooler: PgBouncer | None = None
+        self.batch = batch
+        self.pairs = max(2, math.ceil(tasks / batch))
+        self.port_base = port_base
+        self.metadata_dsn = ""
+        self.lease_dsn = ""
+        self.stack: AirflowStack | None = None
+        self.api: AirflowApi | None = None
+        self._dates = (date.today() - timedelta(days=n) for n in range(1, 10_000))
+
+    def start(self) -> None:
+        """Creates the databases and starts the stack."""
+        self.metadata_dsn = create_database(self.admin_dsn, "eo_bench_airflow")
+        self.lease_dsn = create_database(self.admin_dsn, "eo_bench_leases")
+        migrate(self.lease_dsn, LEASE_STORE)
+        with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE bench_timings (dag_id text, run_id text, map_index int, "
+                "execute_s float8, body_s float8, hooks_s float8, detail jsonb)"
+            )
+        task_dsn = self.lease_dsn
+        if self.use_pgbouncer:
+            self.pooler = PgBouncer(self.lease_dsn, self.port_base + 10)
+            self.pooler.start()
+            task_dsn = self.pooler.dsn
+            say(f"lease store behind PgBouncer on port {self.pooler.port}")
+        self.stack = AirflowStack(
+            self.metadata_dsn,
+            dag_folders={"bench": DAGS},
+            connections={LEASE_CONN_ID: airflow_uri(task_dsn)},
+            extra_env={
+                "EO_BENCH_BATCH": str(self.batch),
+                "EO_BENCH_DSN": self.lease_dsn,
+                "AIRFLOW__EXACTLY_ONCE__ENABLED": "True",
+                "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+                "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            },
+            port_base=self.port_base,
+        )
+        say(f"starting Airflow on ports {self.port_base}-{self.port_base + 7}")
+        self.stack.start(timeout=300)
+        self.api = AirflowApi(self.stack.base_url, ADMIN_USER, self.stack.passwords[ADMIN_USER])
+        for dag_id in (PROTECTED, PLAIN):
+            wait_until(functools.partial(self._parsed, dag_id), timeout=300, what=f"DAG {dag_id}")
+
+    def _parsed(self, dag_id: str) -> bool:
+        assert self.api is not None
+        try:
+            self.api.dag(dag_id)
+        except AirflowApiError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Stops the stack and drops the databases."""
+        if self.api is not None:
+            self.api.close()
+        if self.stack is not None:
+            self.stack.stop()
+        if self.pooler is not None:
+            self.pooler.stop()
+        for dsn in (self.metadata_dsn, self.lease_dsn):
+            if dsn:
+                drop_database(self.admin_dsn, dsn)
+
+    def run_batch(self, dag_id: str) -> dict[str, Any]:
+        """Runs one batch of ``dag_id`` alone; returns its task instances' timestamps."""
+        assert self.api is not None
+        day = next(self._dates).isoformat()
+        run_id = self.api.trigger_dag_run(dag_id, {"business_date": day})
+        run = self.api.wait_for_run_state(dag_id, run_id, timeout=1800)
+        tis = [t for t in self.api.task_instances(dag_id, run_id) if t["task_id"] == "noop"]
+        bad = [t for t in tis if t["state"] != "success"]
+        if run["state"] != "success" or bad or len(tis) != self.batch:
+            raise RuntimeError(f"{dag_id} {run_id}: {run['state']}, {len(tis)} tasks, bad {bad}")
+        queued = [_ts(t["queued_when"]) for t in tis]
+        ended = [_ts(t["end_date"]) for t in tis]
+        makespan = (max(ended) - min(queued)).total_seconds()
+        return {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "queued_to_done": [(e - q).total_seconds() for q, e in zip(queued, ended, strict=True)],
+            "makespan": makespan,
+        }
+
+    def timings(self) -> dict[tuple[str, str], list[dict[str, float]]]:
+        """(dag_id, run_id) -> each task's stopwatch: ``plugin`` (seconds in the plugin),
+        ``execute`` (execute minus body) and each hook's seconds."""
+        with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT dag_id, run_id, execute_s, body_s, hooks_s, detail FROM bench_timings"
+            ).fetchall()
+        found: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for dag_id, run_id, execute_s, body_s, hooks_s, detail in rows:
+            parts = {
+                k: float(v)
+                for k, v in (detail or {}).items()
+                if k.startswith("on_task_instance") or k == "execute_cpu"
+            }
+            parts["execute"] = float(execute_s) - float(body_s)
+            parts["plugin"] = parts["execute"] + float(hooks_s)
+            found.setdefault((dag_id, run_id), []).append(parts)
+        return found
+
+
+def bootstrap_ratio(
+    pairs: Sequence[tuple[float, float]], rounds: int = 10_000
+) -> tuple[float, float]:
+    """95% interval of sum(plain makespans) / sum(protected makespans), resampling pairs."""
+    rng = random.Random(20240215)
+    ratios = []
+    for _ in range(rounds):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(sum(p for _, p in sample) / sum(q for q, _ in sample))
+    return percentile(ratios, 0.025), percentile(ratios, 0.975)
+
+
+def summarise(bench: Bench, batches: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Every figure of the run (warm-up batches excluded)."""
+    counted = batches[2 * warmup :]
+    inside = bench.timings()
+    by_kind: dict[str, dict[str, list[float]]] = {
+        d: {"plugin_ms": [], "queued_to_done_s": []} for d in (PROTECTED, PLAIN)
+    }
+    parts_ms: dict[str, list[float]] = {}
+    for b in counted:
+        tasks = inside.get((b["dag_id"], b["run_id"]), [])
+        if len(tasks) != bench.batch:
+            raise RuntimeError(f"{b['run_id']}: {len(tasks)} timing rows for {bench.batch} tasks")
+        by_kind[b["dag_id"]]["plugin_ms"].extend(t["plugin"] * 1000 for t in tasks)
+        by_kind[b["dag_id"]]["queued_to_done_s"].extend(b["queued_to_done"])
+        if b["dag_id"] == PROTECTED:
+            for t in tasks:
+                for part, seconds in t.items():
+                    parts_ms.setdefault(part, []).append(seconds * 1000)
+    pairs: list[tuple[float, float]] = []  # (protected makespan, plain makespan)
+    for i in range(0, len(counted), 2):
+        one, two = counted[i], counted[i + 1]
+        prot, plain = (one, two) if one["dag_id"] == PROTECTED else (two, one)
+        pairs.append((prot["makespan"], plain["makespan"]))
+    ratio = sum(p for _, p in pairs) / sum(q for q, _ in pairs)
+    low, high = bootstrap_ratio(pairs)
+    per_pair = [p / q for q, p in pairs]
+    mean = statistics.fmean(per_pair)
+    half = t_quantile(len(per_pair) - 1) * statistics.stdev(per_pair) / math.sqrt(len(per_pair))
+    added = by_kind[PROTECTED]["plugin_ms"]
+    figures: dict[str, Any] = {
+        "lease_store_via": "pgbouncer (transaction mode)" if bench.use_pgbouncer else "direct",
+        "tasks_per_kind": len(added),
+        "parallelism": bench.parallelism,
+        "batch": bench.batch,
+        "pairs": len(pairs),
+        "added_in_task_ms": {
+            "p50": round(percentile(added, 0.5), 2),
+            "p99": round(percentile(added, 0.99), 2),
+            "max": round(max(added), 2),
+        },
+        "added_in_task_cpu_ms": {
+            "p50": round(percentile(parts_ms.get("execute_cpu", [math.nan]), 0.5), 2),
+            "p99": round(percentile(parts_ms.get("execute_cpu", [math.nan]), 0.99), 2),
+        },
+        "added_in_task_parts_ms_p50": {
+            part: round(percentile(v, 0.5), 2) for part, v in sorted(parts_ms.items())
+        },
+        "plain_plugin_in_task_ms": {
+            "p50": round(percentile(by_kind[PLAIN]["plugin_ms"], 0.5), 3),
+            "p99": round(percentile(by_kind[PLAIN]["plugin_ms"], 0.99), 3),
+        },
+        "queued_to_done_s": {
+            kind: {
+                "p50": round(percentile(v["queued_to_done_s"], 0.5), 3),
+                "p99": round(percentile(v["queued_to_done_s"], 0.99), 3),
+            }
+            for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
+        },
+        "throughput_tasks_per_s": {
+            "protected": round(bench.batch * len(pairs) / sum(q for q, _ in pairs), 3),
+            "plain": round(bench.batch * len(pairs) / sum(p for _, p in pairs), 3),
+        },
+        "throughput_ratio": round(ratio, 4),
+        "throughput_ratio_ci95_bootstrap": [round(low, 4), round(high, 4)],
+        "throughput_ratio_per_pair_mean_ci95_t": [round(mean - half, 4), round(mean + half, 4)],
+        "targets": TARGETS,
+    }
+    figures["meets_targets"] = {
+        "added_p50": figures["added_in_task_ms"]["p50"] <= TARGETS["added_p50_ms"],
+        "added_p99": figures["added_in_task_ms"]["p99"] <= TARGETS["added_p99_ms"],
+        "throughput_ratio": ratio >= TARGETS["throughput_ratio"],
+    }
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the bench; prints the figures (last line: one JSON object)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--tasks", type=int, default=500, help="tasks of each kind (>= 500)")
+    parser.add_argument("--batch", type=int, default=50, help="tasks per DAG run")
+    parser.add_argument("--warmup-pairs", type=int, default=1, help="uncounted pairs first")
+    parser.add_argument("--port-base", type=int, default=26100, help="first of 8 ports")
+    parser.add_argument(
+        "--admin-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres", help="server"
+    )
+    parser.add_argument(
+        "--pgbouncer", action="store_true", help="tasks reach the lease store through PgBouncer"
+    )
+    parser.add_argument(
+        "--parallelism", type=int, default=8, help="[core] parallelism: tasks running at once"
+    )
+    args = parser.parse_args(argv)
+    batch = max(1, min(args.batch, args.tasks // 2))  # at least two pairs
+    bench = Bench(
+        args.admin_dsn,
+        args.tasks,
+        batch,
+        args.port_base,
+        pgbouncer=args.pgbouncer,
+        parallelism=args.parallelism,
+    )
+    started = time.monotonic()
+    try:
+        bench.start()
+        batches: list[dict[str, Any]] = []
+        for n in range(args.warmup_pairs + bench.pairs):
+            order = (PROTECTED, PLAIN) if n % 2 == 0 else (PLAIN, PROTECTED)
+            for dag_id in order:
+                batches.append(bench.run_batch(dag_id))
+                say(
+                    f"pair {n + 1}/{args.warmup_pairs + bench.pairs} {dag_id}: {batch} tasks "
+                    f"in {batches[-1]['makespan']:.1f}s"
+                    + (" (warm-up)" if n < args.warmup_pairs else "")
+                )
+        figures = summarise(bench, batches, args.warmup_pairs)
+    finally:
+        bench.stop()
+    figures["wall_s"] = round(time.monotonic() - started, 1)
+    print(
+        f"added in task (lease + hooks): p50 {figures['added_in_task_ms']['p50']} ms, "
+        f"p99 {figures['added_in_task_ms']['p99']} ms"
+    )
+    print(
+        f"queued->done p50: protected {figures['queued_to_done_s']['protected']['p50']} s, "
+        f"plain {figures['queued_to_done_s']['plain']['p50']} s"
+    )
+    print(
+        f"throughput ratio {figures['throughput_ratio']} "
+        f"(95% CI {figures['throughput_ratio_ci95_bootstrap']})"
+    )
+    print(json.dumps(figures, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

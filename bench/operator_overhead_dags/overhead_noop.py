@@ -1,0 +1,94 @@
+"""The no-op operator of ``bench/operator_overhead.py`` and its in-task stopwatch.
+
+Not a DAG file: the two bench DAGs (``eo_bench_protected``, ``eo_bench_plain``) import it.
+It times, inside each task process, what the plugin does there:
+
+* ``execute``: the whole ``ExactlyOnceOperator.execute`` (key, lease acquire, keeper, sink-less
+  fence, complete) minus the body's own time;
+* ``hooks``: every listener hook of the plugin that fires in the task process before the end
+  of ``execute`` (each goes through ``airflow_plugins.listener._guarded``, which this module
+  wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
+  only failed and skipped tries (the lease's own rows record the others).
+
+At the end of ``execute``, after the stopwatch, it writes one row to ``bench_timings``
+(``EO_BENCH_DSN``), which the bench reads back; both kinds pay that write alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from airflow_plugins import listener
+from airflow_plugins.fence_context import Fence
+from airflow_plugins.operators import ExactlyOnceOperator
+
+TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0}
+_unwrapped_guarded = listener._guarded
+
+
+def _record(ti: Any) -> None:
+    with psycopg.connect(os.environ["EO_BENCH_DSN"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO bench_timings "
+            "(dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                ti.dag_id,
+                ti.run_id,
+                ti.map_index,
+                TIMINGS["execute"],
+                TIMINGS["body"],
+                TIMINGS["hooks"],
+                json.dumps(TIMINGS),
+            ),
+        )
+
+
+def _timed_guarded(what: str, action: Callable[[], None]) -> None:
+    started = time.perf_counter()
+    try:
+        _unwrapped_guarded(what, action)
+    finally:
+        spent = time.perf_counter() - started
+        TIMINGS["hooks"] += spent
+        TIMINGS[what] = TIMINGS.get(what, 0.0) + spent
+
+
+listener._guarded = _timed_guarded
+
+
+class ExactlyOnceBenchNoop(ExactlyOnceOperator):
+    """A protected task whose body does nothing; it times the plugin around the body."""
+
+    def execute(self, context: Any) -> Any:
+        """``ExactlyOnceOperator.execute``, timed."""
+        started, cpu = time.perf_counter(), time.process_time()
+        result = super().execute(context)
+        TIMINGS["execute"] = time.perf_counter() - started
+        # CPU of every thread of the task process (pool workers, keeper): what the plugin
+        # costs the task's machine, whatever else competes for its cores
+        TIMINGS["execute_cpu"] = time.process_time() - cpu
+        _record(context["ti"])
+        return result
+
+    def execute_protected(self, fence: Fence, context: Any) -> Any:
+        """The no-op body, timed (its time is not the plugin's)."""
+        started = time.perf_counter()
+        n = self.op_kwargs.get("n")
+        TIMINGS["body"] = time.perf_counter() - started
+        return n
+
+
+def noop_dag_tasks(batch: int) -> Any:
+    """``batch`` mapped no-op tasks, keyed per item by their ``map_index_template``."""
+    return ExactlyOnceBenchNoop.partial(
+        task_id="noop",
+        map_index_template="{{ n }}",
+        retries=0,
+    ).expand(op_kwargs=[{"n": f"item-{i:04d}"} for i in range(batch)])

@@ -1,0 +1,203 @@
+"""The listener's hooks, called as Airflow calls them, against the real lease store.
+
+That the scheduler and the task runner do call them (and survive them) is shown end to end on
+the harness; here: exact hookspec signatures, the audit rows, the duplicate-run flag, failing a
+failed try's lease on its behalf, idempotence, and never raising.
+"""
+
+from __future__ import annotations
+
+import inspect
+from datetime import UTC, date, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.listeners.spec import dagrun as dagrun_spec
+from airflow.sdk import DAG
+from airflow.sdk._shared.listeners.spec import taskinstance as ti_spec
+
+from airflow_plugins import listener
+from airflow_plugins.lease import Holder, LeaseStore
+from tests.airflow.conftest import closed_port
+
+RUN_KEY = "billing_nightly/_dag_run/2024-02-15"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_listener(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(listener, "_paused_until", 0.0)
+    monkeypatch.setattr(listener, "_seen", set())
+
+
+def _dag(tags: list[str]) -> DAG:
+    with DAG(
+        "billing_nightly",
+        schedule="0 2 * * *",
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        tags=tags,
+    ) as dag:
+        pass
+    return dag
+
+
+def _dag_run(run_id: str, dag: DAG, **fields: Any) -> SimpleNamespace:
+    values: dict[str, Any] = {
+        "dag_id": dag.dag_id,
+        "run_id": run_id,
+        "dag": dag,
+        "conf": {},
+        "logical_date": datetime(2024, 2, 15, 2, tzinfo=UTC),
+        "run_type": "scheduled",
+        "triggering_user_name": None,
+    }
+    values.update(fields)
+    return SimpleNamespace(**values)
+
+
+@pytest.mark.parametrize(
+    ("spec", "names"),
+    [
+        (dagrun_spec, ("on_dag_run_running", "on_dag_run_success", "on_dag_run_failed")),
+        (
+            ti_spec,
+            ("on_task_instance_failed", "on_task_instance_skipped"),
+        ),
+    ],
+)
+def test_hooks_have_the_exact_hookspec_signatures(spec: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        ours = list(inspect.signature(getattr(listener, name)).parameters)
+        theirs = list(inspect.signature(getattr(spec, name)).parameters)
+        assert ours == theirs, name
+
+
+def test_dag_runs_are_audited_and_a_second_run_of_a_date_is_flagged(
+    plugin_env: dict[str, str],
+) -> None:
+    dag = _dag(["exactly-once"])
+    first = _dag_run("scheduled__2024-02-15", dag)
+    second = _dag_run(
+        "manual__again",
+        dag,
+        logical_date=None,
+        conf={"business_date": "2024-02-15"},
+        run_type="manual",
+        triggering_user_name="bob",
+    )
+    listener.on_dag_run_running(dag_run=first, msg="started")
+    listener.on_dag_run_running(dag_run=first, msg="started")  # hooks can fire twice
+    listener.on_dag_run_running(dag_run=second, msg="started")
+    listener.on_dag_run_running(dag_run=second, msg="started")
+    listener.on_dag_run_success(dag_run=first, msg="success")
+    with LeaseStore(plugin_env["lease"]) as store:
+        rows = store.history(RUN_KEY)
+        by_date = store.audit_by_date(date(2024, 2, 15), outcome="flagged")
+    events = [(r["event"], r["holder"]["run_id"]) for r in rows]
+    assert events == [
+        ("dag_run_running", "scheduled__2024-02-15"),
+        ("dag_run_running", "manual__again"),
+        ("duplicate_run", "manual__again"),
+        ("dag_run_success", "scheduled__2024-02-15"),
+    ]
+    flagged = rows[2]
+    assert flagged["outcome"] == "flagged"
+    assert flagged["actor"] == "bob"
+    assert "scheduled__2024-02-15 (running)" in flagged["reason"]
+    assert [r["event"] for r in by_date] == ["duplicate_run"]
+
+
+def test_a_run_after_a_succeeded_run_is_flagged_but_not_after_a_failed_one(
+    plugin_env: dict[str, str],
+) -> None:
+    dag = _dag(["exactly-once"])
+    failed = _dag_run("r1", dag)
+    listener.on_dag_run_running(dag_run=failed, msg="")
+    listener.on_dag_run_failed(dag_run=failed, msg="")
+    retry_run = _dag_run("r2", dag)
+    listener.on_dag_run_running(dag_run=retry_run, msg="")
+    listener.on_dag_run_success(dag_run=retry_run, msg="")
+    late = _dag_run("r3", dag)
+    listener.on_dag_run_running(dag_run=late, msg="")
+    with LeaseStore(plugin_env["lease"]) as store:
+        flagged = [r for r in store.history(RUN_KEY) if r["event"] == "duplicate_run"]
+    assert [r["holder"]["run_id"] for r in flagged] == ["r3"]
+    assert "r2 (success)" in flagged[0]["reason"]
+
+
+def test_unprotected_dags_are_not_audited(plugin_env: dict[str, str]) -> None:
+    dag = _dag(["billing"])
+    listener.on_dag_run_running(dag_run=_dag_run("r1", dag), msg="")
+    with LeaseStore(plugin_env["lease"]) as store:
+        assert store.history(RUN_KEY) == []
+
+
+def test_hooks_never_raise_and_pause_while_the_store_is_down(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW__EXACTLY_ONCE__LEASE_DSN",
+        f"host=127.0.0.1 port={closed_port()} user=postgres dbname=x connect_timeout=1",
+    )
+    dag = _dag(["exactly-once"])
+    assert listener.on_dag_run_running(dag_run=_dag_run("r1", dag), msg="") is None
+    assert listener._paused_until > 0  # the next hooks skip the store for a while
+    # malformed input never escapes either
+    broken = _dag_run("r2", dag, conf={"business_date": "not a date"})
+    monkeypatch.setattr(listener, "_paused_until", 0.0)
+    assert listener.on_dag_run_running(dag_run=broken, msg="") is None
+    assert (
+        listener.on_task_instance_failed(previous_state=None, task_instance=object(), error="x")
+        is None
+    )
+
+
+def _failed_ti(run_id: str, try_number: int) -> SimpleNamespace:
+    """A try as the API server reports it when a user marks it failed."""
+    return SimpleNamespace(
+        dag_id="billing_nightly",
+        task_id="charge",
+        run_id=run_id,
+        map_index=-1,
+        try_number=try_number,
+    )
+
+
+def test_a_failed_try_has_its_running_lease_failed_on_its_behalf(
+    plugin_env: dict[str, str],
+) -> None:
+    key = "billing_nightly/charge/2024-02-15"
+    with LeaseStore(plugin_env["lease"]) as store:
+        holder = Holder.airflow(
+            dag_id="billing_nightly", run_id="r1", task_id="charge", try_number=1
+        )
+        lease = store.acquire(key, holder, ttl=60).lease
+        other_key = "billing_nightly/charge/2024-02-16"
+        store.acquire(
+            other_key,
+            Holder.airflow(dag_id="billing_nightly", run_id="r2", task_id="charge", try_number=1),
+            ttl=60,
+        )
+        listener.on_task_instance_failed(
+            previous_state=None, task_instance=_failed_ti("r1", 1), error="marked failed"
+        )
+        listener.on_task_instance_failed(  # again: nothing more happens
+            previous_state=None, task_instance=_failed_ti("r1", 1), error="marked failed"
+        )
+        row = store.get(key)
+        assert row is not None
+        assert row["state"] == "failed"
+        behalf = [r for r in store.history(key) if r["event"] == "fail_on_behalf"]
+        assert len(behalf) == 1
+        assert behalf[0]["actor"] == "listener"
+        assert behalf[0]["token"] == lease.token
+        # another run's lease of the same task is untouched
+        assert (store.get(other_key) or {})["state"] == "running"
+        # the next try is granted at once, with a higher token
+        retry = Holder.airflow(
+            dag_id="billing_nightly", run_id="r1", task_id="charge", try_number=2
+        )
+        again = store.acquire(key, retry)
+        assert again.granted
+        assert (again.token or 0) > lease.token

@@ -1,0 +1,1 @@
+"""The real-Airflow test harness (see ``airflow_harness``); fixtures in ``fixtures``."""
