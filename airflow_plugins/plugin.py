@@ -30,7 +30,10 @@ VIEWS_MODULE = "airflow_plugins.views.app"
 @functools.cache
 def views_app() -> list[dict[str, Any]]:
     """The ``fastapi_apps`` entry of the pages, or nothing when they are not installed."""
-    if importlib.util.find_spec(VIEWS_MODULE) is None:
+    try:
+        if importlib.util.find_spec(VIEWS_MODULE) is None:
+            return []
+    except ModuleNotFoundError:  # the parent package is missing (a trimmed install)
         return []
     try:
         module = importlib.import_module(VIEWS_MODULE)
