@@ -1,0 +1,340 @@
+"""The plugin's pages in the Airflow UI: leases, audit, runs (gaps and SLA) and migration.
+
+``create_app()`` builds the FastAPI app the plugin mounts under ``fastapi_apps`` at
+``/exactly-once``. Every route depends on Airflow's authentication (401 without it); changes
+(force-release, approve a re-run, change a cutover mode) need an administrator (403 otherwise),
+and each is made through the lease store's or the bridge's audited functions with the user as
+actor and a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from airflow_plugins.lease import InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable, check_key
+from airflow_plugins.views import access, pages
+from airflow_plugins.views.audit_answer import describe_holder
+from airflow_plugins.views.pages import DagSource
+
+MAX_ROWS = 500
+
+
+@functools.cache
+def _templates() -> Environment:
+    env = Environment(
+        loader=PackageLoader("airflow_plugins.views", "templates"),
+        autoescape=select_autoescape(["html"]),
+    )
+    env.filters["when"] = _when
+    env.filters["jsonish"] = _jsonish
+    env.filters["describe_holder"] = describe_holder
+    return env
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return "-" if value is None else str(value)
+
+
+def _jsonish(value: Any) -> str:
+    import json
+
+    if value is None:
+        return "-"
+    return json.dumps(value, default=str, sort_keys=True)[:2000]
+
+
+def _default_store() -> LeaseStore:
+    from airflow_plugins.watcher.settings import lease_store_dsn
+
+    return LeaseStore(lease_store_dsn(), connect_timeout=3.0)
+
+
+def _default_dags(now: datetime) -> list[Any]:
+    from airflow_plugins.watcher.dags import opted_in_dags
+
+    return list(opted_in_dags(now))
+
+
+def _ready_after() -> int:
+    try:
+        from bridge.config import BridgeConfig
+
+        return BridgeConfig.load().ready_after
+    except Exception:  # the bridge is optional for these pages; its default then
+        return 5
+
+
+def create_app(
+    store: Callable[[], LeaseStore] | None = None,
+    dags: DagSource | None = None,
+) -> FastAPI:
+    """Builds the pages app.
+
+    Args:
+        store: returns the lease store (default: the configured one, opened on first use).
+        dags: returns the watched DAGs (default: opted-in DAGs from Airflow's metadata DB).
+    """
+    app = FastAPI(title="Exactly-once", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.lease_store = functools.cache(store or _default_store)
+    app.state.watched_dags = dags or _default_dags
+    app.add_exception_handler(LeaseStoreUnavailable, _unavailable)
+    app.include_router(router)
+    return app
+
+
+def _store(request: Request) -> LeaseStore:
+    got: LeaseStore = request.app.state.lease_store()
+    return got
+
+
+def _dags(request: Request) -> DagSource:
+    got: DagSource = request.app.state.watched_dags
+    return got
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
+
+def render(request: Request, name: str, user: Any, **context: Any) -> HTMLResponse:
+    """Renders a page template with the navigation's context."""
+    html = (
+        _templates()
+        .get_template(name)
+        .render(
+            request=request,
+            base=str(request.scope.get("root_path", "")),
+            user=access.actor_name(user),
+            admin=access.is_admin(user),
+            now=datetime.now(UTC),
+            here=name.removesuffix(".html"),
+            **context,
+        )
+    )
+    return HTMLResponse(html)
+
+
+router = APIRouter()
+
+
+@router.get("/", include_in_schema=False)
+def index(request: Request, user: GetUserDep) -> RedirectResponse:
+    return RedirectResponse(str(request.scope.get("root_path", "")) + "/leases")
+
+
+@router.get("/leases", response_class=HTMLResponse)
+def leases(
+    request: Request,
+    user: GetUserDep,
+    prefix: Annotated[str | None, Query(max_length=512)] = None,
+    state: Annotated[str | None, Query(pattern="^(running|succeeded|failed|released)$")] = None,
+    expired: bool = False,
+    taken_over: bool = False,
+    hours: Annotated[int, Query(ge=1, le=168)] = 24,
+    limit: Annotated[int, Query(ge=1, le=MAX_ROWS)] = 100,
+    message: str | None = None,
+) -> HTMLResponse:
+    data = pages.leases_page(
+        _store(request),
+        prefix=prefix or None,
+        state=state or None,
+        expired_only=expired,
+        taken_over_only=taken_over,
+        hours=hours,
+        limit=limit,
+    )
+    filters = {
+        "prefix": prefix or "",
+        "state": state or "",
+        "expired": expired,
+        "taken_over": taken_over,
+        "hours": hours,
+        "limit": limit,
+    }
+    return render(request, "leases.html", user, page=data, filters=filters, message=message)
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str | None, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]*$")] = None,
+    business_date: Annotated[str | None, Query(max_length=40)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 2000,
+) -> HTMLResponse:
+    result = chart = None
+    if dag_id and business_date:
+        result, chart = pages.audit_page(_store(request), dag_id, business_date, limit)
+    return render(
+        request,
+        "audit.html",
+        user,
+        dag_id=dag_id or "",
+        business_date=business_date or "",
+        result=result,
+        chart=chart,
+    )
+
+
+@router.get("/api/audit")
+def audit_json(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]+$")],
+    business_date: Annotated[str, Query(max_length=40)],
+) -> dict[str, Any]:
+    result, _ = pages.audit_page(_store(request), dag_id, business_date, 10_000)
+    return {
+        "dag_id": dag_id,
+        "business_date": business_date,
+        "verdict": result.verdict.value,
+        "keys": [
+            {
+                "key": k.key,
+                "verdict": k.verdict.value,
+                "completions": k.completions,
+                "blocked": k.blocked,
+                "tries": [
+                    {
+                        "token": t.token,
+                        "holder": t.holder,
+                        "outcome": t.outcome,
+                        "duration_ms": t.duration_ms,
+                    }
+                    for t in k.tries
+                ],
+            }
+            for k in result.keys
+        ],
+    }
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str | None, Query(max_length=250)] = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> HTMLResponse:
+    end = _moment(until) if until else datetime.now(UTC)
+    start = _moment(since) if since else end - timedelta(days=1)
+    if end - start > timedelta(days=400):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "at most 400 days at a time")
+    data = pages.runs_page(
+        _store(request), _dags(request), dag_id=dag_id or None, since=start, until=end
+    )
+    return render(
+        request,
+        "runs.html",
+        user,
+        page=data,
+        dag_id=dag_id or "",
+        since=start.strftime("%Y-%m-%dT%H:%M"),
+        until=end.strftime("%Y-%m-%dT%H:%M"),
+    )
+
+
+@router.get("/migration", response_class=HTMLResponse)
+def migration(
+    request: Request,
+    user: GetUserDep,
+    days: Annotated[int, Query(ge=1, le=31)] = 2,
+    message: str | None = None,
+) -> HTMLResponse:
+    dags_, modes = pages.migration_page(
+        _store(request), _dags(request), ready_after=_ready_after(), days=days
+    )
+    return render(request, "migration.html", user, dags=dags_, modes=modes, message=message)
+
+
+@router.post("/leases/force-release")
+def force_release(
+    request: Request,
+    user: GetUserDep,
+    key: Annotated[str, Form()],
+    reason: Annotated[str, Form()],
+) -> RedirectResponse:
+    actor = access.require_admin(request, user, _dag_of(key))
+    try:
+        token = _store(request).force_release(key, actor=actor, reason=reason)
+    except InvalidLeaseInput as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    said = f"released {key} (token {token})" if token else f"{key} was not running"
+    return _back(request, "leases", said)
+
+
+@router.post("/leases/approve-rerun")
+def approve_rerun(
+    request: Request,
+    user: GetUserDep,
+    key: Annotated[str, Form()],
+    reason: Annotated[str, Form()],
+) -> RedirectResponse:
+    actor = access.require_admin(request, user, _dag_of(key))
+    try:
+        outcome = _store(request).approve_rerun(key, actor=actor, reason=reason)
+    except InvalidLeaseInput as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    return _back(request, "leases", f"re-run of {key}: {outcome}")
+
+
+@router.post("/migration/mode")
+def change_mode(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str, Form(max_length=250, pattern=r"^[A-Za-z0-9_.\-]+$")],
+    mode: Annotated[str, Form()],
+    reason: Annotated[str, Form()],
+    force: Annotated[bool, Form()] = False,
+) -> RedirectResponse:
+    actor = access.require_admin(request, user, dag_id)
+    from bridge.comparison import ready
+    from bridge.cutover import ModeStore
+
+    store = _store(request)
+    try:
+        change = ModeStore(store).set(
+            dag_id,
+            mode,
+            actor=actor,
+            reason=reason,
+            force=force,
+            ready=ready(store, dag_id, _ready_after()),
+        )
+    except InvalidLeaseInput as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    said = f"{dag_id}: {change.previous.value} -> {change.current.value}"
+    return _back(request, "migration", said)
+
+
+def _dag_of(key: str) -> str:
+    try:
+        return check_key(key).split("/", 1)[0]
+    except InvalidLeaseInput as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+
+def _back(request: Request, page: str, message: str) -> RedirectResponse:
+    from urllib.parse import urlencode
+
+    url = f"{request.scope.get('root_path', '')}/{page}?{urlencode({'message': message})}"
+    return RedirectResponse(url, status_code=status.HTTP_303_SEE_OTHER)
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"not a date/time: {text!r}") from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

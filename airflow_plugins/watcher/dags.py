@@ -1,0 +1,119 @@
+"""The protected DAGs the watcher checks, read from Airflow's metadata database.
+
+The watcher is not task code: it may read the metadata database (serialized DAGs and their
+tags), which is how it learns each opted-in DAG's timetable without a running scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow_plugins.watcher import settings
+from airflow_plugins.watcher.cron import fast_cron
+from airflow_plugins.watcher.gaps import WatchedDag
+
+# Airflow's timetables hand back at most this many runs per question, so a year of a
+# per-minute DAG cannot make one call run away with memory.
+MAX_RUNS_PER_QUERY = 600_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TimetableSchedule:
+    """The scheduled runs of an Airflow timetable (any ``Timetable`` subclass)."""
+
+    timetable: Any
+
+    def runs_between(self, start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
+        """Yields ``(logical_date, scheduled_at)`` for each run scheduled in ``[start, end]``.
+
+        ``scheduled_at`` is Airflow's ``run_after``: the moment the scheduler should create the
+        run (the end of the data interval for interval timetables).
+        """
+        fast = fast_cron(self.timetable)
+        if fast is not None:
+            for fire in fast.fires(start, end):
+                yield fire, fire
+            return
+        from airflow.sdk.timezone import coerce_datetime
+        from airflow.timetables.base import TimeRestriction
+
+        restriction = TimeRestriction(
+            earliest=coerce_datetime(start), latest=coerce_datetime(end), catchup=True
+        )
+        info = None
+        for _ in range(MAX_RUNS_PER_QUERY):
+            info = self.timetable.next_dagrun_info_v2(
+                last_dagrun_info=info, restriction=restriction
+            )
+            if info is None or info.run_after > end:
+                return
+            logical = info.logical_date if info.logical_date is not None else info.run_after
+            yield logical, info.run_after
+
+
+def schedule_interval(schedule: TimetableSchedule, around: datetime) -> timedelta | None:
+    """The time between two consecutive scheduled runs after ``around`` (None if fewer)."""
+    runs = []
+    for _, scheduled_at in schedule.runs_between(around, around + timedelta(days=800)):
+        runs.append(scheduled_at)
+        if len(runs) == 2:
+            return runs[1] - runs[0]
+    return None
+
+
+def opted_in_dags(now: datetime) -> list[WatchedDag]:
+    """The unpaused, non-stale DAGs carrying the opt-in tag, with their timetables.
+
+    A paused DAG is not watched (pausing is a deliberate act, visible in Airflow). Runs are
+    expected from the later of the DAG's start date and the moment this Airflow first saw the
+    DAG (its first DAG version), so deploying a DAG with an old start date does not report
+    years of runs it was never asked to make.
+    """
+    from airflow.models.dag import DagModel, DagTag
+    from airflow.models.dag_version import DagVersion
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    tag = settings.opt_in_tag()
+    watched = []
+    with create_session() as session:
+        rows = session.execute(
+            select(DagModel.dag_id, func.min(DagVersion.created_at))
+            .join(DagTag, DagTag.dag_id == DagModel.dag_id)
+            .join(DagVersion, DagVersion.dag_id == DagModel.dag_id)
+            .where(
+                DagTag.name == tag,
+                DagModel.is_stale.is_(False),
+                DagModel.is_paused.is_(False),
+            )
+            .group_by(DagModel.dag_id)
+        ).all()
+        for dag_id, first_seen in sorted(rows):
+            dag = SerializedDagModel.get_dag(dag_id, session=session)
+            if dag is None or dag.timetable is None or not dag.timetable.can_be_scheduled:
+                continue
+            watched.append(watched_dag(dag, now, first_seen=first_seen))
+    return watched
+
+
+def watched_dag(dag: Any, now: datetime, *, first_seen: datetime | None = None) -> WatchedDag:
+    """A ``WatchedDag`` for a serialized Airflow DAG (runs expected from ``first_seen`` on)."""
+    from airflow_plugins.task_key import dag_period, dag_timezone
+
+    schedule = TimetableSchedule(dag.timetable)
+    starts = [moment for moment in (dag.start_date, first_seen) if moment is not None]
+    start = max(starts) if starts else None
+    interval = schedule_interval(schedule, start or now) or timedelta(days=1)
+    return WatchedDag(
+        dag_id=dag.dag_id,
+        schedule=schedule,
+        # the same period and timezone the protected tasks key their leases with
+        period=dag_period(dag),
+        timezone=dag_timezone(dag),
+        deadline=settings.deadline_for(dag.dag_id, interval),
+        start=start,
+    )

@@ -1,0 +1,140 @@
+"""The Airflow -> Temporal bridge: hand DAG runs to Temporal, dual-run them, compare, cut over.
+
+Both engines take the same leases (``airflow_plugins.lease``, keys from ``airflow_plugins.keys``),
+so no engine, and no mistake in configuring the two, performs a business effect twice.
+
+    handover = Handover(client, config.task_queue("billing"), store=store)
+    got = await handover.start_or_attach(spec, "2024-02-15")     # one execution per run key
+
+Airflow-side pieces (``bridge.routing``, ``bridge.operator``, ``bridge.triggers``,
+``bridge.translate``) import Airflow and are not re-exported here; the worker is
+``python -m bridge.cli worker``. See MIGRATION.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bridge.client import TemporalUnavailable, connect
+    from bridge.codec import EncryptionCodec, codec_from_env, new_key
+    from bridge.comparison import Comparison, get_comparison, ready, recent
+    from bridge.config import BridgeConfig, ConfigError
+    from bridge.cutover import (
+        CutoverMode,
+        ModeChange,
+        ModeChangeRefused,
+        ModeStore,
+        UnknownMode,
+        migrate_bridge,
+    )
+    from bridge.handover import (
+        Handoff,
+        Handover,
+        HandoverRefused,
+        PayloadTooLarge,
+        cancel,
+        run_handle,
+    )
+    from bridge.identity import run_key, task_key, workflow_id
+    from bridge.spec import (
+        DagRunInput,
+        DagRunResult,
+        DagSpec,
+        RetrySpec,
+        RunMode,
+        TaskKind,
+        TaskOutcome,
+        TaskSpec,
+    )
+    from bridge.workflows import DagRunWorkflow, MappedChunkWorkflow, ScheduledDagWorkflow
+
+_EXPORTS = {
+    "BridgeConfig": "bridge.config",
+    "Comparison": "bridge.comparison",
+    "ConfigError": "bridge.config",
+    "CutoverMode": "bridge.cutover",
+    "DagRunInput": "bridge.spec",
+    "DagRunResult": "bridge.spec",
+    "DagRunWorkflow": "bridge.workflows",
+    "DagSpec": "bridge.spec",
+    "EncryptionCodec": "bridge.codec",
+    "Handoff": "bridge.handover",
+    "Handover": "bridge.handover",
+    "HandoverRefused": "bridge.handover",
+    "MappedChunkWorkflow": "bridge.workflows",
+    "ModeChange": "bridge.cutover",
+    "ModeChangeRefused": "bridge.cutover",
+    "ModeStore": "bridge.cutover",
+    "PayloadTooLarge": "bridge.handover",
+    "RetrySpec": "bridge.spec",
+    "RunMode": "bridge.spec",
+    "ScheduledDagWorkflow": "bridge.workflows",
+    "TaskKind": "bridge.spec",
+    "TaskOutcome": "bridge.spec",
+    "TaskSpec": "bridge.spec",
+    "TemporalUnavailable": "bridge.client",
+    "UnknownMode": "bridge.cutover",
+    "cancel": "bridge.handover",
+    "codec_from_env": "bridge.codec",
+    "connect": "bridge.client",
+    "get_comparison": "bridge.comparison",
+    "migrate_bridge": "bridge.cutover",
+    "new_key": "bridge.codec",
+    "ready": "bridge.comparison",
+    "recent": "bridge.comparison",
+    "run_handle": "bridge.handover",
+    "run_key": "bridge.identity",
+    "task_key": "bridge.identity",
+    "workflow_id": "bridge.identity",
+}
+
+__all__ = [
+    "BridgeConfig",
+    "Comparison",
+    "ConfigError",
+    "CutoverMode",
+    "DagRunInput",
+    "DagRunResult",
+    "DagRunWorkflow",
+    "DagSpec",
+    "EncryptionCodec",
+    "Handoff",
+    "Handover",
+    "HandoverRefused",
+    "MappedChunkWorkflow",
+    "ModeChange",
+    "ModeChangeRefused",
+    "ModeStore",
+    "PayloadTooLarge",
+    "RetrySpec",
+    "RunMode",
+    "ScheduledDagWorkflow",
+    "TaskKind",
+    "TaskOutcome",
+    "TaskSpec",
+    "TemporalUnavailable",
+    "UnknownMode",
+    "cancel",
+    "codec_from_env",
+    "connect",
+    "get_comparison",
+    "migrate_bridge",
+    "new_key",
+    "ready",
+    "recent",
+    "run_handle",
+    "run_key",
+    "task_key",
+    "workflow_id",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # resolved on first use, not at import: the workflow sandbox re-imports this package for
+    # every workflow module it loads, and must not pull the client, psycopg or cryptography in
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bridge' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

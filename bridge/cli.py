@@ -1,0 +1,266 @@
+"""``python -m bridge.cli``: the migration's commands.
+
+    inventory [--dags-folder D]                 translatability report of every DAG
+    mode list | mode get DAG                    cutover modes
+    mode set DAG MODE --actor A --reason R      change a mode (audited; --force to skip gates)
+        [--overlap buffer_one] [--no-airflow-pause]
+    compare DAG [--limit N]                     comparison rows and readiness
+    cancel WORKFLOW_ID                          cancel a handed-over run
+    worker [--lane L]                           the bridge worker
+    handover                                    (internal) JSON request on stdin
+
+Settings come from the environment / airflow.cfg (see ``bridge.config``). Exit codes: 0 done,
+1 refused (the message says why), 2 usage, 3 unreachable (Temporal or the lease store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.converter import value_to_type
+
+from airflow_plugins.lease import InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable
+from bridge.client import TemporalUnavailable, connect
+from bridge.comparison import ready, recent
+from bridge.config import BridgeConfig, ConfigError
+from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+
+def _store(config: BridgeConfig) -> LeaseStore:
+    dsn = config.lease_dsn
+    if not dsn:
+        try:
+            from airflow_plugins.config import lease_dsn
+
+            dsn = lease_dsn()
+        except Exception as exc:
+            raise ConfigError(f"no lease store: set BRIDGE_LEASE_DSN ({exc})") from exc
+    migrate_bridge(dsn)
+    return LeaseStore(dsn)
+
+
+def _dags(folder: str | None) -> dict[str, Any]:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(folder, safe_mode=False) if folder else DagBag(safe_mode=False)
+    for path, error in bag.import_errors.items():
+        print(f"import error in {path}: {error}", file=sys.stderr)
+    return dict(bag.dags)
+
+
+def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Prints the translatability report; exit 1 when any DAG is not translatable."""
+    from bridge.translate import inventory
+
+    found = inventory(_dags(args.dags_folder or config.dags_folder).values())
+    for translation in found:
+        print(translation.report())
+    print(json.dumps({"dags": len(found), "translatable": sum(t.ok for t in found)}))
+    return 0 if all(t.ok for t in found) else EXIT_REFUSED
+
+
+def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Reads or changes cutover modes."""
+    with _store(config) as store:
+        modes = ModeStore(store)
+        if args.action == "list":
+            for row in modes.describe():
+                print(f"{row['dag_id']}\t{row['mode']}\tv{row['version']}\t{row['changed_by']}")
+            return 0
+        if args.action == "get":
+            print(modes.get(args.dag_id).value)
+            return 0
+        target = CutoverMode.parse(args.mode)
+        current = modes.get(args.dag_id)
+        is_ready = ready(store, args.dag_id, config.ready_after)
+        change = modes.set(
+            args.dag_id,
+            target,
+            actor=args.actor,
+            reason=args.reason,
+            force=args.force,
+            ready=is_ready,
+        )
+        print(
+            f"{args.dag_id}: {change.previous.value} -> {change.current.value} (v{change.version})"
+        )
+        _apply_schedule(args, config, current, target)
+        return 0
+
+
+def _apply_schedule(
+    args: argparse.Namespace, config: BridgeConfig, current: CutoverMode, target: CutoverMode
+) -> None:
+    entering = target is CutoverMode.TEMPORAL_SCHEDULED
+    leaving = current is CutoverMode.TEMPORAL_SCHEDULED
+    if not entering and not leaving:
+        return
+    from bridge import schedule
+
+    async def run() -> None:
+        client = await connect(config)
+        if entering:
+            from bridge.translate import UntranslatableDag, translate
+
+            dag = _dags(args.dags_folder or config.dags_folder).get(args.dag_id)
+            if dag is None:
+                raise ConfigError(f"{args.dag_id} is not in the DAG folder")
+            translation = translate(dag)
+            if translation.spec is None:
+                raise UntranslatableDag(translation)
+            queue = config.task_queue(translation.spec.lane)
+            sid = await schedule.create_schedule(
+                client, translation.spec, queue, overlap=args.overlap
+            )
+            print(f"created Temporal schedule {sid}")
+        else:
+            await schedule.delete_schedule(client, args.dag_id)
+            print(f"deleted Temporal schedule {schedule.schedule_id(args.dag_id)}")
+
+    asyncio.run(run())
+    if not args.no_airflow_pause:
+        verb = "pause" if entering else "unpause"
+        done = subprocess.run(["airflow", "dags", verb, args.dag_id], capture_output=True)
+        print(f"airflow dags {verb} {args.dag_id}: exit {done.returncode}")
+
+
+def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Prints a DAG's latest comparisons and whether it is ready to cut over."""
+    with _store(config) as store:
+        for row in recent(store, args.dag_id, args.limit):
+            verdict = "match" if row["matched"] else "DIFF"
+            print(
+                f"{row['business_date']}\t{verdict}\tairflow={row['primary_status']} "
+                f"{row['primary_ms']}ms\ttemporal={row['shadow_status']} {row['shadow_ms']}ms"
+            )
+            for diff in row["differences"]:
+                print(f"    {json.dumps(diff)}")
+        is_ready = ready(store, args.dag_id, config.ready_after)
+        print(json.dumps({"dag_id": args.dag_id, "ready": is_ready, "needs": config.ready_after}))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Cancels a handed-over run."""
+    from bridge.handover import cancel
+
+    async def run() -> None:
+        await cancel(await connect(config), args.workflow_id)
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
+    """Reads a handover request (JSON, with its resolved settings) on stdin, answers one JSON
+    line on stdout. Never reads Airflow's configuration: see ``bridge.handoff``."""
+    from bridge.handover import Handover
+    from bridge.spec import DagSpec, RunMode
+
+    request = json.loads(sys.stdin.read())
+    config = value_to_type(BridgeConfig, request["config"])
+    spec = value_to_type(DagSpec, request["spec"])
+
+    async def run() -> dict[str, Any]:
+        client = await connect(config)
+        with _store(config) as store:
+            got = await Handover(
+                client,
+                config.task_queue(spec.lane),
+                store=store,
+                max_payload_bytes=config.max_payload_bytes,
+            ).start_or_attach(
+                spec,
+                request["business_date"],
+                mode=RunMode(request["mode"]),
+                part=request.get("part"),
+                map_key=request.get("map_key"),
+                source=request.get("source", ""),
+                compare_poll_s=config.compare_poll_s,
+            )
+        return {"ok": True, **got.__dict__}
+
+    try:
+        answer = asyncio.run(run())
+    except (TemporalUnavailable, LeaseStoreUnavailable) as exc:
+        answer = {"ok": False, "error_type": "TemporalUnavailable", "error": str(exc)}
+    except (InvalidLeaseInput, ConfigError) as exc:
+        answer = {"ok": False, "error_type": type(exc).__name__, "error": str(exc)}
+    print(json.dumps(answer, default=str), flush=True)
+    return 0 if answer["ok"] else EXIT_REFUSED
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line."""
+    top = argparse.ArgumentParser(
+        prog="bridge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    inv = sub.add_parser("inventory", help="translatability report")
+    inv.add_argument("--dags-folder")
+    inv.set_defaults(run=cmd_inventory)
+    mode = sub.add_parser("mode", help="cutover modes")
+    mode.add_argument("action", choices=["list", "get", "set"])
+    mode.add_argument("dag_id", nargs="?")
+    mode.add_argument("mode", nargs="?")
+    mode.add_argument("--actor", default=os.environ.get("USER", ""))
+    mode.add_argument("--reason", default="")
+    mode.add_argument("--force", action="store_true")
+    mode.add_argument("--overlap", default="buffer_one")
+    mode.add_argument("--no-airflow-pause", action="store_true")
+    mode.add_argument("--dags-folder")
+    mode.set_defaults(run=cmd_mode)
+    cmp = sub.add_parser("compare", help="shadow comparisons")
+    cmp.add_argument("dag_id")
+    cmp.add_argument("--limit", type=int, default=10)
+    cmp.set_defaults(run=cmd_compare)
+    can = sub.add_parser("cancel", help="cancel a handed-over run")
+    can.add_argument("workflow_id")
+    can.set_defaults(run=cmd_cancel)
+    hand = sub.add_parser("handover", help="(internal) start or attach, JSON on stdin")
+    hand.set_defaults(run=cmd_handover)
+    work = sub.add_parser("worker", help="run the bridge worker")
+    work.add_argument("--lane", action="append")
+    work.set_defaults(run=None)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point; leaves with ``os._exit`` (temporalio can abort at interpreter exit)."""
+    args = parser().parse_args(argv)
+    if args.command == "worker":
+        from bridge.worker import main as worker_main
+
+        worker_main([arg for lane in args.lane or [] for arg in ("--lane", lane)])
+    if args.command == "mode" and args.action != "list" and not args.dag_id:
+        print("mode get/set needs a DAG id", file=sys.stderr)
+        os._exit(2)
+    if args.command == "mode" and args.action == "set" and not args.mode:
+        print("mode set needs a mode", file=sys.stderr)
+        os._exit(2)
+    try:
+        config = None if args.command == "handover" else BridgeConfig.load()
+        code = args.run(args, config)
+    except (TemporalUnavailable, LeaseStoreUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = EXIT_UNREACHABLE
+    except (InvalidLeaseInput, ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = EXIT_REFUSED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Run comparison: a shadow run against the primary's run of the same business date.
+
+Both sides are read from what each engine recorded, not from what it says about itself: the
+primary's side from its lease rows (status, duration, result) and its sink's ledger (the items
+it wrote); the shadow's from its workflow result and the rows its rolled-back transactions
+captured. The row, with its differences, is stored in ``bridge.comparison``; a DAG is ready to
+cut over after N consecutive matching runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from airflow_plugins.keys import SHADOW_SUFFIX
+from airflow_plugins.lease import LeaseStore
+from bridge.fencing import sink_dsn
+from bridge.spec import DagRunResult, DagSpec
+from bridge.sql import query
+
+MAX_LISTED = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareInput:
+    """A finished shadow run to compare; ``final`` compares even if the primary is unfinished."""
+
+    spec: DagSpec
+    shadow: DagRunResult
+    final: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The comparison's verdict: ``pending`` while the primary has not finished."""
+
+    pending: bool
+    matched: bool | None = None
+    differences: tuple[dict[str, Any], ...] = ()
+
+
+def digest(value: Any) -> str:
+    """A stable digest of a JSON value (key order does not matter)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class _Side:
+    status: str
+    ms: int | None
+    digests: dict[str, str]
+    items: dict[str, list[str]]
+    pending: bool = False
+
+
+def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
+    """Compares and, unless the primary is still running, stores the comparison row."""
+    shadow = inp.shadow
+    primary = _primary_side(store, inp.spec, shadow)
+    if primary.pending and not inp.final:
+        return Comparison(pending=True)
+    shadow_side = _shadow_side(shadow)
+    differences = _differences(primary, shadow_side)
+    rows = {t: o.captured.get("rows", {}) for t, o in shadow.tasks.items() if o.captured}
+    with store.connection() as conn:
+        conn.execute(
+            query("comparison_upsert"),
+            {
+                "dag_id": shadow.dag_id,
+                "business_date": shadow.business_date,
+                "primary_engine": "airflow",
+                "primary_status": primary.status,
+                "primary_ms": primary.ms,
+                "primary_digests": Jsonb(primary.digests),
+                "primary_items": Jsonb(primary.items),
+                "shadow_status": shadow_side.status,
+                "shadow_ms": shadow_side.ms,
+                "shadow_digests": Jsonb(shadow_side.digests),
+                "shadow_items": Jsonb(shadow_side.items),
+                "shadow_rows": Jsonb(rows),
+                "differences": Jsonb(differences),
+                "matched": not differences,
+            },
+        )
+    return Comparison(pending=False, matched=not differences, differences=tuple(differences))
+
+
+def record_primary(store: LeaseStore, result: DagRunResult) -> None:
+    """Records a Temporal-primary run's side (no shadow to compare it with)."""
+    with store.connection() as conn:
+        conn.execute(
+            query("comparison_insert_primary"),
+            {
+                "dag_id": result.dag_id,
+                "business_date": result.business_date,
+                "primary_status": result.status,
+                "primary_ms": result.duration_ms,
+                "primary_digests": Jsonb(
+                    {
+                        t: digest(o.result)
+                        for t, o in result.tasks.items()
+                        if o.status == "succeeded"
+                    }
+                ),
+            },
+        )
+
+
+def get_comparison(store: LeaseStore, dag_id: str, business_date: str) -> dict[str, Any] | None:
+    """The stored comparison row of one business run, or None."""
+    with store.connection() as conn:
+        rows = conn.execute(
+            query("comparison_get"), {"dag_id": dag_id, "business_date": business_date}
+        ).fetchall()
+    return rows[0] if rows else None
+
+
+def recent(store: LeaseStore, dag_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The DAG's latest compared runs, newest business date first."""
+    with store.connection() as conn:
+        return conn.execute(
+            query("comparison_recent"), {"dag_id": dag_id, "limit": limit}
+        ).fetchall()
+
+
+def ready(store: LeaseStore, dag_id: str, runs: int) -> bool:
+    """True when the DAG's last ``runs`` compared business runs all matched."""
+    rows = recent(store, dag_id, runs)
+    return len(rows) >= runs and all(r["matched"] for r in rows)
+
+
+def _primary_key(shadow_key: str) -> str:
+    return shadow_key.removesuffix(SHADOW_SUFFIX)
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
+
+
+def _primary_side(store: LeaseStore, spec: DagSpec, shadow: DagRunResult) -> _Side:
+    keys: list[str] = []
+    prefixes: list[str] = []
+    for task in spec.tasks:
+        base = f"{spec.dag_id}/{task.task_id}/{shadow.business_date}"
+        outcome = shadow.tasks.get(task.task_id)
+        if task.map_over:
+            prefixes.append(_like_prefix(base))
+        elif outcome is not None and outcome.keys:
+            keys += [_primary_key(k) for k in outcome.keys]  # an item's own key, too
+        else:
+            keys.append(base)
+    with store.connection() as conn:
+        rows = conn.execute(query("lease_rows"), {"keys": keys, "prefixes": prefixes}).fetchall()
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_task.setdefault(row["key"].split("/")[1], []).append(row)
+    side = _Side(status="success", ms=None, digests={}, items={})
+    for task in spec.tasks:
+        got = by_task.get(task.task_id, [])
+        states = {r["state"] for r in got}
+        if not got or "running" in states:
+            side.pending = True
+            side.status = "running" if got else "missing"
+            continue
+        if states != {"succeeded"}:
+            side.status = "failed"
+            continue
+        if task.map_over:
+            side.digests[task.task_id] = digest({r["key"].split("/")[3]: r["result"] for r in got})
+        else:
+            side.digests[task.task_id] = digest(got[0]["result"])
+        if task.sink:
+            side.items[task.task_id] = _ledger_items(task.sink, [r["key"] for r in got], task)
+    finished = [r["finished_at"] for r in rows if r["finished_at"] is not None]
+    if rows and finished:
+        start = min(r["acquired_at"] for r in rows)
+        side.ms = round((max(finished) - start).total_seconds() * 1000)
+    return side
+
+
+def _ledger_items(sink: str, keys: list[str], task: Any) -> list[str]:
+    with psycopg.connect(sink_dsn(sink), connect_timeout=10) as conn:
+        rows = conn.execute(query("sink_ledger_items"), {"keys": keys}).fetchall()
+    if task.map_over:
+        return sorted(f"{k.split('/')[3]}/{i}" for k, i in rows)
+    return sorted(str(i) for _, i in rows)
+
+
+def _shadow_side(shadow: DagRunResult) -> _Side:
+    side = _Side(status=shadow.status, ms=shadow.duration_ms, digests={}, items={})
+    for task_id, outcome in shadow.tasks.items():
+        if outcome.status == "succeeded":
+            side.digests[task_id] = digest(outcome.result)
+        if "items" in outcome.captured:
+            side.items[task_id] = sorted(outcome.captured["items"])
+    return side
+
+
+def _differences(primary: _Side, shadow: _Side) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if primary.status != shadow.status:
+        found.append({"what": "status", "primary": primary.status, "shadow": shadow.status})
+    for task_id in sorted(set(primary.digests) | set(shadow.digests)):
+        p, s = primary.digests.get(task_id), shadow.digests.get(task_id)
+        if p != s:
+            found.append({"what": "output", "task": task_id, "primary": p, "shadow": s})
+    for task_id in sorted(set(primary.items) | set(shadow.items)):
+        p_items = set(primary.items.get(task_id, []))
+        s_items = set(shadow.items.get(task_id, []))
+        if p_items != s_items:
+            found.append(
+                {
+                    "what": "sink_items",
+                    "task": task_id,
+                    "only_primary": sorted(p_items - s_items)[:MAX_LISTED],
+                    "only_shadow": sorted(s_items - p_items)[:MAX_LISTED],
+                }
+            )
+    return found

@@ -1,0 +1,108 @@
+"""The bridge's settings: environment first, then Airflow's ``[bridge]`` section, then defaults.
+
+Read lazily by ``BridgeConfig.load()``, never at import time.
+
+=====================  ==========================  ===========================================
+env                    airflow.cfg [bridge]        default
+=====================  ==========================  ===========================================
+BRIDGE_TEMPORAL_ADDR   temporal_address            localhost:7233
+BRIDGE_NAMESPACE       namespace                   default
+BRIDGE_QUEUE_PREFIX    task_queue_prefix           bridge
+BRIDGE_LANES           lanes                       billing:16,default:8,analytics:4
+BRIDGE_LEASE_DSN       lease_dsn                   (required by the worker)
+BRIDGE_DAGS_FOLDER     dags_folder                 (none: registered/importable code only)
+BRIDGE_MAX_PAYLOAD     max_payload_bytes           2000000 (under Temporal's 2 MiB blob limit)
+BRIDGE_READY_AFTER     ready_after                 5 matching shadow runs
+BRIDGE_COMPARE_POLL_S  compare_poll_s              30 (a shadow polls for the primary's end)
+=====================  ==========================  ===========================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+DEFAULT_LANES = "billing:16,default:8,analytics:4"
+
+
+class ConfigError(ValueError):
+    """A setting with a value the bridge cannot use."""
+
+
+def _airflow_option(name: str) -> str | None:
+    # only where Airflow is deployed: importing its config elsewhere would create ~/airflow
+    if not (os.environ.get("AIRFLOW_HOME") or os.environ.get("AIRFLOW_CONFIG")):
+        return None
+    try:
+        from airflow.configuration import conf
+    except ImportError:
+        return None
+    value = conf.get("bridge", name, fallback=None)
+    return str(value) if value not in (None, "") else None
+
+
+def _setting(env: str, option: str, default: str | None) -> str | None:
+    return os.environ.get(env) or _airflow_option(option) or default
+
+
+def parse_lanes(text: str) -> dict[str, int]:
+    """``billing:16,default:8`` -> {"billing": 16, "default": 8} (lane -> activity slots).
+
+    Raises:
+        ConfigError: malformed.
+    """
+    lanes: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, slots = part.strip().partition(":")
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise ConfigError(f"lane {part!r} is not name:slots (e.g. billing:16)")
+        lanes[name] = int(slots)
+    if not lanes:
+        raise ConfigError("at least one lane is needed")
+    return lanes
+
+
+@dataclasses.dataclass(frozen=True)
+class BridgeConfig:
+    """Where Temporal and the lease store are, and how the worker divides its slots."""
+
+    temporal_address: str = "localhost:7233"
+    namespace: str = "default"
+    task_queue_prefix: str = "bridge"
+    lanes: dict[str, int] = dataclasses.field(default_factory=lambda: parse_lanes(DEFAULT_LANES))
+    lease_dsn: str | None = None
+    dags_folder: str | None = None
+    max_payload_bytes: int = 2_000_000
+    ready_after: int = 5
+    compare_poll_s: float = 30.0
+
+    @classmethod
+    def load(cls) -> BridgeConfig:
+        """Reads the settings now (environment, then airflow.cfg, then defaults)."""
+        return cls(
+            temporal_address=_setting("BRIDGE_TEMPORAL_ADDR", "temporal_address", "localhost:7233")
+            or "",
+            namespace=_setting("BRIDGE_NAMESPACE", "namespace", "default") or "default",
+            task_queue_prefix=_setting("BRIDGE_QUEUE_PREFIX", "task_queue_prefix", "bridge")
+            or "bridge",
+            lanes=parse_lanes(_setting("BRIDGE_LANES", "lanes", DEFAULT_LANES) or DEFAULT_LANES),
+            lease_dsn=_setting("BRIDGE_LEASE_DSN", "lease_dsn", None),
+            dags_folder=_setting("BRIDGE_DAGS_FOLDER", "dags_folder", None),
+            max_payload_bytes=int(
+                _setting("BRIDGE_MAX_PAYLOAD", "max_payload_bytes", "2000000") or 0
+            ),
+            ready_after=int(_setting("BRIDGE_READY_AFTER", "ready_after", "5") or 5),
+            compare_poll_s=float(_setting("BRIDGE_COMPARE_POLL_S", "compare_poll_s", "30") or 30.0),
+        )
+
+    def task_queue(self, lane: str) -> str:
+        """The task queue of a priority lane (unknown lanes run on ``default``).
+
+        Raises:
+            ConfigError: neither the lane nor ``default`` is configured.
+        """
+        if lane not in self.lanes:
+            if "default" not in self.lanes:
+                raise ConfigError(f"lane {lane!r} is not one of {sorted(self.lanes)}")
+            lane = "default"
+        return f"{self.task_queue_prefix}-{lane}"

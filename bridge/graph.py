@@ -1,0 +1,85 @@
+"""Checks a DAG spec's graph before anything runs, and orders it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.spec import UPSTREAM_MARKER, DagSpec, TaskSpec
+
+
+def graph_problems(spec: DagSpec) -> list[str]:
+    """What makes the graph unrunnable: duplicates, unknown upstreams, cycles, bad mapping."""
+    problems: list[str] = []
+    ids = [t.task_id for t in spec.tasks]
+    seen: set[str] = set()
+    for task_id in ids:
+        if task_id in seen:
+            problems.append(f"task {task_id!r} appears twice")
+        seen.add(task_id)
+    for task in spec.tasks:
+        for up in task.upstream:
+            if up not in seen:
+                problems.append(f"task {task.task_id!r} depends on unknown task {up!r}")
+        for ref in referenced(task):
+            if ref not in task.upstream:
+                problems.append(f"task {task.task_id!r} uses the result of {ref!r} not upstream")
+        if task.map_over is not None and task.map_over not in task.upstream:
+            problems.append(f"task {task.task_id!r} is mapped over {task.map_over!r} not upstream")
+    if not problems and len(topological(spec)) != len(spec.tasks):
+        problems.append("the task graph has a cycle")
+    return problems
+
+
+def shadow_refusals(spec: DagSpec) -> list[str]:
+    """Tasks that may not run in shadow: effects outside a fence and not declared free of them."""
+    return [
+        f"{t.task_id}: writes outside a fence (declare it side-effect-free or give it a sink)"
+        for t in spec.tasks
+        if not t.fenced and not t.side_effect_free and t.kind != "noop"
+    ]
+
+
+def topological(spec: DagSpec) -> list[TaskSpec]:
+    """The tasks, each after its upstreams (stable: spec order among ready tasks)."""
+    done: set[str] = set()
+    order: list[TaskSpec] = []
+    pending = list(spec.tasks)
+    while pending:
+        ready = [t for t in pending if all(u in done for u in t.upstream)]
+        if not ready:
+            break
+        for task in ready:
+            order.append(task)
+            done.add(task.task_id)
+        pending = [t for t in pending if t.task_id not in done]
+    return order
+
+
+def referenced(task: TaskSpec) -> set[str]:
+    """Upstream tasks whose results appear in the task's arguments."""
+    found: set[str] = set()
+    _collect([*task.args, *task.kwargs.values()], found)
+    return found
+
+
+def _collect(value: Any, found: set[str]) -> None:
+    if isinstance(value, dict):
+        if set(value) == {UPSTREAM_MARKER}:
+            found.add(str(value[UPSTREAM_MARKER]))
+            return
+        for item in value.values():
+            _collect(item, found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect(item, found)
+
+
+def substitute(value: Any, results: dict[str, Any]) -> Any:
+    """Replaces upstream markers in ``value`` with those tasks' results."""
+    if isinstance(value, dict):
+        if set(value) == {UPSTREAM_MARKER}:
+            return results[str(value[UPSTREAM_MARKER])]
+        return {k: substitute(v, results) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [substitute(v, results) for v in value]
+    return value

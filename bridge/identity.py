@@ -1,0 +1,68 @@
+"""Names derived from the lease key: workflow ids, item keys. Built only through ``keys``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from airflow_plugins.keys import LeaseKey, lease_key
+from airflow_plugins.lease import InvalidLeaseInput
+from bridge.spec import RUN_TASK_ID, RunMode
+
+WORKFLOW_ID_PREFIX = "dagrun:"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-:@+=]")
+
+
+def run_key(dag_id: str, business_date: str) -> LeaseKey:
+    """The key of a whole business run of a DAG (``billing_nightly/dagrun/2024-02-15``)."""
+    return lease_key(dag_id, RUN_TASK_ID, business_date)
+
+
+def workflow_id(
+    dag_id: str,
+    business_date: str,
+    mode: RunMode = RunMode.PRIMARY,
+    *,
+    part: str | None = None,
+    map_key: str | None = None,
+) -> str:
+    """The workflow id of a business run: one execution per key (and one per shadow key).
+
+    Args:
+        dag_id: the DAG.
+        business_date: the run's business date.
+        mode: a shadow run has an id of its own (the shadow key's).
+        part: the task id when one task of the run is handed over (its lease key's id);
+            None for the whole run.
+        map_key: the mapped item, for one item of a mapped task.
+    """
+    key = lease_key(dag_id, part or RUN_TASK_ID, business_date, map_key)
+    return WORKFLOW_ID_PREFIX + (key.shadow if mode is RunMode.SHADOW else str(key))
+
+
+def task_key(
+    dag_id: str, task_id: str, business_date: str, map_key: str | None, mode: RunMode
+) -> str:
+    """The lease key an activity takes: the Airflow operator's key, or its shadow."""
+    key = lease_key(dag_id, task_id, business_date, map_key)
+    return key.shadow if mode is RunMode.SHADOW else str(key)
+
+
+def map_key_of(value: Any, field: str | None) -> str:
+    """The stable name of one mapped item in its lease key (a tenant id, never a position).
+
+    Raises:
+        InvalidLeaseInput: the item has no usable name.
+    """
+    if field is not None:
+        if not isinstance(value, dict) or field not in value:
+            raise InvalidLeaseInput(f"mapped item {value!r} has no field {field!r} to key it by")
+        value = value[field]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise InvalidLeaseInput(
+            f"mapped item {value!r} is not a string or integer: set map_key_field to name it"
+        )
+    text = _UNSAFE.sub("_", str(value))
+    if not text:
+        raise InvalidLeaseInput("a mapped item's key must not be empty")
+    return text

@@ -1,0 +1,235 @@
+"""What the bridge hands to Temporal: a DAG's task graph and one run of it, as plain data.
+
+These dataclasses are the one-in, one-out payloads of the workflows and activities. They import
+nothing from Airflow or Temporal, so the workflow sandbox and the Airflow side share them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+#: A marker in a task's arguments standing for an upstream task's result.
+UPSTREAM_MARKER = "$upstream"
+RUN_TASK_ID = "dagrun"
+
+
+class TaskKind(enum.StrEnum):
+    """How the worker runs a task."""
+
+    PYTHON = "python"  # a Python callable (@task, PythonOperator, a protected callable)
+    EXECUTE = "execute"  # an operator whose execute() runs inside a worker
+    NOOP = "noop"  # EmptyOperator and friends: nothing to run
+
+
+class RunMode(enum.StrEnum):
+    """Whether this engine's run is the one whose effects count."""
+
+    PRIMARY = "primary"
+    SHADOW = "shadow"
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrySpec:
+    """A task's retry policy: 5 attempts with exponential backoff unless the DAG says otherwise."""
+
+    maximum_attempts: int = 5
+    initial_interval_s: float = 1.0
+    backoff_coefficient: float = 2.0
+    maximum_interval_s: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task of the graph.
+
+    Attributes:
+        task_id: the Airflow task id (part of the lease key).
+        kind: how the worker runs it.
+        upstream: task ids that must succeed first.
+        callable_ref: ``module:qualname`` of an importable callable; None when the worker finds
+            the task in its DAG folder instead.
+        args: positional arguments; ``{"$upstream": "task"}`` stands for that task's result.
+        kwargs: keyword arguments, with the same markers.
+        fenced: the callable takes a ``fence`` argument and writes through its transactions.
+        sink: the connection id of the sink its fence writes to (``AIRFLOW_CONN_<ID>``).
+        side_effect_free: the DAG declares the task has no effect outside a fence (shadow-safe).
+        map_over: the upstream task whose list result this task is expanded over.
+        map_arg: the keyword argument each mapped item is passed as.
+        map_key_field: for dict items, the field that names the item in its lease key.
+        timeout_s: start-to-close timeout of one attempt.
+        heartbeat_s: heartbeat timeout: a silent worker is presumed dead after this long.
+        lease_ttl_s: the task's lease TTL (renewed while it runs).
+        retry: the retry policy.
+    """
+
+    task_id: str
+    kind: TaskKind = TaskKind.PYTHON
+    upstream: tuple[str, ...] = ()
+    callable_ref: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fenced: bool = False
+    sink: str | None = None
+    side_effect_free: bool = False
+    map_over: str | None = None
+    map_arg: str = "item"
+    map_key_field: str | None = None
+    timeout_s: float = 3600.0
+    heartbeat_s: float = 30.0
+    lease_ttl_s: float = 60.0
+    retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
+
+
+@dataclasses.dataclass(frozen=True)
+class DagSpec:
+    """A DAG as the bridge runs it.
+
+    Attributes:
+        dag_id: the DAG id (part of every lease key).
+        tasks: the tasks, in any order.
+        period: the business-date grain (``keys.Period`` value).
+        timezone: the DAG's timezone (business dates are cut in it).
+        schedule: the DAG's cron expression, for ``temporal-scheduled``.
+        lane: the priority lane (task queue suffix) its work runs on.
+    """
+
+    dag_id: str
+    tasks: tuple[TaskSpec, ...]
+    period: str = "day"
+    timezone: str = "UTC"
+    schedule: str | None = None
+    lane: str = "default"
+
+    def task(self, task_id: str) -> TaskSpec:
+        """The task named ``task_id``.
+
+        Raises:
+            KeyError: no such task.
+        """
+        for spec in self.tasks:
+            if spec.task_id == task_id:
+                return spec
+        raise KeyError(task_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class DagRunInput:
+    """The DAG-run workflow's input: one business run of a DAG.
+
+    Attributes:
+        spec: the graph.
+        business_date: the business date the run stands for.
+        mode: primary (its effects count) or shadow (captured and rolled back).
+        source: who started it (an Airflow run id, a schedule), for the audit.
+        compare_poll_s: a shadow run polls the primary's leases this often before comparing.
+        compare_wait_s: how long a shadow run waits for the primary before comparing anyway.
+        map_key: when the run is one item of a mapped task (a handed-over Airflow map index),
+            the item's key.
+        fanout_threshold: a mapped task with more items than this runs them in child workflows.
+        chunk_size: items per child workflow (keeps every history far from the event limit).
+    """
+
+    spec: DagSpec
+    business_date: str
+    mode: RunMode = RunMode.PRIMARY
+    source: str = ""
+    compare_poll_s: float = 30.0
+    compare_wait_s: float = 86400.0
+    map_key: str | None = None
+    fanout_threshold: int = 200
+    chunk_size: int = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInput:
+    """One activity call: a task (or one mapped item of it) of one business run."""
+
+    dag_id: str
+    business_date: str
+    task: TaskSpec
+    mode: RunMode
+    upstream: dict[str, Any] = dataclasses.field(default_factory=dict)
+    map_key: str | None = None
+    map_value: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """What one activity call did.
+
+    Attributes:
+        status: ``succeeded`` (ran now), ``recorded`` (done before: the recorded result),
+            ``held`` (another live holder has the lease: wait ``wait_s`` and call again).
+        key: the lease key used.
+        result: the task's return value (JSON).
+        token: the fencing token it ran under.
+        duration_ms: how long the work took.
+        captured: in shadow mode, the ledger items and rows its transactions wrote before the
+            rollback.
+        holder: for ``held``, who holds the lease.
+    """
+
+    status: str
+    key: str
+    result: Any = None
+    token: int | None = None
+    duration_ms: int = 0
+    captured: dict[str, Any] = dataclasses.field(default_factory=dict)
+    wait_s: float = 0.0
+    holder: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOutcome:
+    """A task's outcome in a run: its status, result and, for mapped tasks, one per item."""
+
+    status: str
+    result: Any = None
+    error: str | None = None
+    duration_ms: int = 0
+    keys: tuple[str, ...] = ()
+    captured: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class DagRunResult:
+    """The DAG-run workflow's output."""
+
+    dag_id: str
+    business_date: str
+    mode: RunMode
+    status: str
+    tasks: dict[str, TaskOutcome]
+    duration_ms: int = 0
+
+    @property
+    def failed(self) -> list[str]:
+        """The tasks that failed (not those skipped because an upstream failed)."""
+        return [t for t, o in self.tasks.items() if o.status == "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MappedChunkInput:
+    """A child workflow's share of a large fan-out."""
+
+    template: TaskInput
+    items: tuple[tuple[str, Any], ...]
+    concurrency: int = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class MappedChunkResult:
+    """A child workflow's results, one per item, in item order (errors as text)."""
+
+    results: tuple[TaskResult | None, ...]
+    errors: tuple[str | None, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledRunInput:
+    """The input of the workflow a Temporal Schedule starts (``temporal-scheduled`` mode)."""
+
+    spec: DagSpec
+    task_queue: str

@@ -1,0 +1,56 @@
+"""Task code the bridge tests run: the billing charge written the way the example DAG writes it.
+
+Importable (``tests.bridge.workloads:charge_all``) so a worker process finds it by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from airflow_plugins.fence_context import Fence
+
+
+def customers(count: int) -> list[str]:
+    """The customers to bill."""
+    return [f"cust-{n:04d}" for n in range(count)]
+
+
+def charge_one(tx: Any, fence: Fence, customer: str, cents: int, writer: str) -> None:
+    """Charges one customer inside a fenced transaction, once per key."""
+    if tx.claim(customer):
+        tx.conn.execute(
+            "INSERT INTO charges (run_key, customer, token, writer) VALUES (%s, %s, %s, %s)",
+            (fence.key.removesuffix("#shadow"), customer, fence.token, f"{writer}:{cents}"),
+        )
+
+
+def charge_all(
+    fence: Fence, customers: list[str], delay: float = 0.0, cents: int = 100
+) -> dict[str, int]:
+    """Charges every customer, one fenced transaction each (a taken-over run skips done ones)."""
+    for customer in customers:
+        fence.check()
+        with fence.transaction() as tx:
+            charge_one(tx, fence, customer, cents, "temporal")
+        if delay:
+            time.sleep(delay)
+    return {"charged": len(customers), "cents": cents * len(customers)}
+
+
+def charge_mapped(fence: Fence, item: str, cents: int = 100) -> dict[str, Any]:
+    """Charges one customer (a mapped task: one lease per customer)."""
+    with fence.transaction() as tx:
+        charge_one(tx, fence, item, cents, "temporal")
+    return {"customer": item, "cents": cents}
+
+
+def total(charged: dict[str, Any]) -> int:
+    """Sums a mapped charge's results."""
+    return sum(int(v["cents"]) for v in charged.values())
+
+
+def cents_from_env() -> int:
+    """The amount the diverging shadow run charges (set per worker)."""
+    return int(os.environ.get("BRIDGE_TEST_CENTS", "100"))

@@ -1,0 +1,142 @@
+"""Who gets what from the pages, on a real api-server with the plugin mounted.
+
+Every route refuses a request without Airflow's JWT (401); a viewer reads the pages but cannot
+change a cutover mode, force-release a lease or approve a re-run (403, nothing changed); an
+admin can, and the change is audited with the admin as actor.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.views.app import router
+from tests.views.conftest import AirflowApi
+
+PREFIX = "/exactly-once"
+
+
+def _routes() -> list[tuple[str, str]]:
+    found = []
+    for route in router.routes:
+        for method in sorted(getattr(route, "methods", ()) or ()):
+            if method != "HEAD":
+                found.append((method, route.path))  # type: ignore[attr-defined]
+    return found
+
+
+ROUTES = _routes()
+FORMS: dict[str, dict[str, str]] = {
+    "/leases/force-release": {"key": "billing_nightly/charge/2024-02-15", "reason": "test"},
+    "/leases/approve-rerun": {"key": "billing_nightly/charge/2024-02-15", "reason": "test"},
+    "/migration/mode": {"dag_id": "billing_nightly", "mode": "shadow", "reason": "test"},
+}
+QUERIES = {"/api/audit": {"dag_id": "billing_nightly", "business_date": "2024-02-15"}}
+
+
+def _call(api: AirflowApi, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    url = f"{api.url}{PREFIX}{path}"
+    with httpx.Client(timeout=60, follow_redirects=False) as client:
+        if method == "POST":
+            return client.post(url, data=FORMS[path], headers=headers)
+        return client.get(url, params=QUERIES.get(path, {}), headers=headers)
+
+
+def test_the_router_has_every_page_and_change() -> None:
+    assert {p for _, p in ROUTES} >= {
+        "/",
+        "/leases",
+        "/audit",
+        "/api/audit",
+        "/runs",
+        "/migration",
+        "/leases/force-release",
+        "/leases/approve-rerun",
+        "/migration/mode",
+    }
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_every_endpoint_refuses_an_unauthenticated_request(
+    airflow_api: AirflowApi, method: str, path: str
+) -> None:
+    assert _call(airflow_api, method, path, {}).status_code == 401
+    # a forged token is refused too (Airflow answers 403 "Invalid JWT token" for those)
+    for forged in ({"Authorization": "Bearer not-a-token"}, {"Cookie": "_token=not-a-token"}):
+        answer = _call(airflow_api, method, path, forged)
+        assert answer.status_code in (401, 403), answer.text
+        assert "<html" not in answer.text
+
+
+def _auth(api: AirflowApi, user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api.token(user)}", "Origin": api.url.split("://")[1]}
+
+
+def _mode(api: AirflowApi, dag_id: str) -> str:
+    from bridge.cutover import ModeStore
+
+    with LeaseStore(api.lease_dsn) as store:
+        return ModeStore(store).get(dag_id).value
+
+
+def test_a_viewer_reads_every_page_but_changes_nothing(airflow_api: AirflowApi) -> None:
+    headers = {"Authorization": f"Bearer {airflow_api.token('viewer')}"}
+    for method, path in ROUTES:
+        if method == "GET":
+            answer = _call(airflow_api, method, path, headers)
+            assert answer.status_code in (200, 307), (path, answer.text[:500])
+
+    with LeaseStore(airflow_api.lease_dsn) as store:
+        holder = Holder.process("views-test")
+        running = store.acquire("viewer_guard/charge/2024-02-15", holder, ttl=600).lease
+        done = store.acquire("viewer_guard/charge/2024-02-14", holder, ttl=600).lease
+        store.complete(done, {"charged": 1})
+        tries: list[tuple[str, dict[str, Any]]] = [
+            ("/migration/mode", {"dag_id": "viewer_guard", "mode": "shadow", "reason": "r"}),
+            ("/leases/force-release", {"key": running.key, "reason": "r"}),
+            ("/leases/approve-rerun", {"key": done.key, "reason": "r"}),
+        ]
+        with httpx.Client(timeout=60) as client:
+            for path, form in tries:
+                answer = client.post(f"{airflow_api.url}{PREFIX}{path}", data=form, headers=headers)
+                assert answer.status_code == 403, (path, answer.text)
+        assert _mode(airflow_api, "viewer_guard") == "airflow"
+        lease = store.get(running.key)
+        assert lease is not None
+        assert lease["state"] == "running"
+        assert lease["token"] == running.token
+        succeeded = store.get(done.key)
+        assert succeeded is not None
+        assert not succeeded["rerun_approved"]
+
+
+def test_an_admin_changes_a_mode_and_the_change_is_audited(airflow_api: AirflowApi) -> None:
+    headers = _auth(airflow_api, "admin")
+    form = {"dag_id": "admin_change", "mode": "shadow", "reason": "start the dual run"}
+    with httpx.Client(timeout=60) as client:
+        answer = client.post(
+            f"{airflow_api.url}{PREFIX}/migration/mode", data=form, headers=headers
+        )
+    assert answer.status_code == 303, answer.text
+    assert "airflow+-%3E+shadow" in answer.headers["location"] or "shadow" in urllib.parse.unquote(
+        answer.headers["location"]
+    )
+    assert _mode(airflow_api, "admin_change") == "shadow"
+    with LeaseStore(airflow_api.lease_dsn) as store:
+        rows = store.history("admin_change/cutover")
+    assert [(r["actor"], r["reason"]) for r in rows] == [("admin", "start the dual run")]
+
+
+def test_a_change_posted_from_another_site_is_refused(airflow_api: AirflowApi) -> None:
+    headers = {**_auth(airflow_api, "admin"), "Origin": "https://evil.example"}
+    form = {"dag_id": "cross_site", "mode": "shadow", "reason": "csrf"}
+    with httpx.Client(timeout=60) as client:
+        answer = client.post(
+            f"{airflow_api.url}{PREFIX}/migration/mode", data=form, headers=headers
+        )
+    assert answer.status_code == 403
+    assert _mode(airflow_api, "cross_site") == "airflow"
