@@ -16,9 +16,7 @@ from psycopg import sql
 
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, LeaseStore, migrate
 
-ADMIN_DSN = os.environ.get(
-    "EXACTLY_ONCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+ADMIN_DSN = os.environ.get("EXACTLY_ONCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def dsn_for(dbname: str) -> str:
