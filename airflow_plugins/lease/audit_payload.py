@@ -62,22 +62,42 @@ def for_audit(value: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     Values that are not JSON-serialisable are recorded by their type and repr preview rather
     than refused: the audit must never be the reason protected work fails.
     """
+    text = audit_text(value, max_bytes=max_bytes)
+    return None if text is None else json.loads(text)
+
+
+def audit_text(
+    value: Any, *, max_bytes: int = DEFAULT_MAX_BYTES, plain_json: bool = False
+) -> str | None:
+    """``for_audit(value)`` as the JSON text that is sent to the audit (None stays None).
+
+    Args:
+        value: what to record.
+        max_bytes: a larger value is recorded as its size, digest and preview.
+        plain_json: ``value`` is known to be plain JSON already (``to_json_value`` made it),
+            so the round trip that makes it so is skipped.
+    """
     if value is None:
         return None
-    try:
-        clean = mask(json.loads(json.dumps(value, allow_nan=False, default=_unserialisable)))
-    except (TypeError, ValueError):
-        clean = {"_unserialisable": type(value).__name__}
+    if plain_json:
+        clean = mask(value)
+    else:
+        try:
+            clean = mask(json.loads(json.dumps(value, allow_nan=False, default=_unserialisable)))
+        except (TypeError, ValueError):
+            clean = {"_unserialisable": type(value).__name__}
     text = json.dumps(clean, sort_keys=True)
     size = len(text.encode())
     if size <= max_bytes:
-        return clean
-    return {
-        "_truncated": True,
-        "bytes": size,
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "preview": text[:_PREVIEW_CHARS],
-    }
+        return text
+    return json.dumps(
+        {
+            "_truncated": True,
+            "bytes": size,
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "preview": text[:_PREVIEW_CHARS],
+        }
+    )
 
 
 def _unserialisable(obj: Any) -> str:

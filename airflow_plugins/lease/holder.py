@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import socket
 from typing import Any, Literal
@@ -69,6 +70,12 @@ class Holder:
         """The holder as stored: fields that are set, nothing else."""
         # not dataclasses.asdict: it deep-copies, and this runs on every lease call
         return {k: v for k in _field_order() if (v := getattr(self, k)) is not None}
+
+    @functools.cached_property
+    def json_text(self) -> str:
+        """``to_json()`` as JSON text, serialised once per holder (sent on every lease call)."""
+        # a cached_property writes the instance __dict__ directly, so a frozen holder keeps it
+        return json.dumps(self.to_json())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Holder:

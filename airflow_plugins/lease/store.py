@@ -1,8 +1,12 @@
 """The lease store: run-leases with fencing tokens in Postgres.
 
-Every state change is one call of a SQL function (see ``sql/migrations``) that locks the key's
-row, decides, draws the token after the lock, and writes the audit row in the same transaction.
-Python never decides ownership from a value it read earlier.
+Every state change is one SQL statement (``sql/queries.sql``; the uncommon acquire outcomes in
+the functions of ``sql/migrations``) that locks or inserts the key's row, decides, draws the
+token after it holds the row, and writes the audit row in the same transaction. Python never
+decides ownership from a value it read earlier.
+
+The hot path (acquire, renew, finish) runs on one connection the store keeps, with tuple rows
+and the holder serialised once; a second thread meanwhile is served from a small pool.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ from datetime import date, datetime
 from typing import Any
 
 import psycopg
-import psycopg_pool
-from psycopg.rows import dict_row
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease import audit_payload
-from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost, LeaseStoreUnavailable
+from airflow_plugins.lease.connections import StoreConnections
+from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost
 from airflow_plugins.lease.holder import Holder
 from airflow_plugins.lease.queries import query
 
@@ -161,7 +165,8 @@ class LeaseStore:
             refused (the compact succeeded record is kept at least this long).
         max_audit_bytes: inputs and outputs larger than this are recorded as a digest.
         max_result_bytes: a result larger than this is refused by ``complete``.
-        pool_size: most connections this store opens at once.
+        pool_size: most connections this store opens at once (one it keeps for the hot path,
+            the others pooled for calls made while that one is busy).
         connect_timeout: seconds to wait for a connection before failing closed.
     """
 
@@ -182,69 +187,38 @@ class LeaseStore:
         self.horizon_days = horizon_days
         self.max_audit_bytes = max_audit_bytes
         self.max_result_bytes = max_result_bytes
-        self._connect_timeout = connect_timeout
-        self._conninfo = conninfo
-        self._pool = psycopg_pool.ConnectionPool(
-            conninfo,
-            min_size=0,
-            max_size=pool_size,
-            open=False,
-            timeout=connect_timeout,
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": max(1, math.ceil(connect_timeout)),
-                "application_name": "runlease",
-            },
-            reconnect_timeout=0,
+        if pool_size < 1:
+            raise InvalidLeaseInput("pool_size must be at least 1")
+        self._connections = StoreConnections(
+            conninfo, pool_size=pool_size, connect_timeout=connect_timeout
         )
-        self._opened = False
 
     # -- plumbing -----------------------------------------------------------------------------
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-        """A pooled autocommit connection; failures to reach Postgres fail closed.
+        """An autocommit connection with dict rows; failures to reach Postgres fail closed.
+
+        The store's kept connection when it is free, else one from its pool.
 
         Raises:
             LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
         """
-        if not self._opened:
-            self._pool.open(wait=False)
-            self._opened = True
-        try:
-            with self._pool.connection() as conn:
-                conn.row_factory = dict_row  # type: ignore[assignment]
-                yield conn  # type: ignore[misc]
-        except psycopg.errors.ObjectInUse:
-            # SQLSTATE class 55 is an OperationalError in psycopg, but this one is an answer
-            # (approve_rerun of a running lease), not an unreachable store
-            raise
-        except psycopg_pool.PoolTimeout as exc:
-            raise LeaseStoreUnavailable(
-                f"lease store unavailable: {exc}: {self._why_no_connection()}"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
-
-    def _why_no_connection(self) -> str:
-        # the pool only says it timed out; one direct attempt tells the operator why
-        try:
-            with psycopg.connect(
-                self._conninfo, connect_timeout=max(1, math.ceil(self._connect_timeout))
-            ):
-                return f"all {self._pool.max_size} pooled connections are busy"
-        except psycopg.Error as exc:
-            return str(exc).strip()
+        with self._connections.connection() as conn:
+            yield conn
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.connection() as conn:
             return conn.execute(query(name), params).fetchall()
 
+    def _tuples(self, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        # the hot path: tuple rows, no per-row dict
+        with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
+            return cursor.execute(query(name), params).fetchall()
+
     def close(self) -> None:
         """Closes the store's connections."""
-        if self._opened:
-            self._pool.close()
-            self._opened = False
+        self._connections.close()
 
     def __enter__(self) -> LeaseStore:
         return self
@@ -278,19 +252,18 @@ class LeaseStore:
         """
         check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
-        holder_json = holder.to_json()
-        rows = self._rows(
+        rows = self._tuples(
             "acquire",
             {
                 "key": key,
-                "holder": Jsonb(holder_json),
+                "holder": holder.json_text,
                 "ttl_ms": round(ttl * 1000),
                 "business_date": business_date,
                 "horizon_days": self.horizon_days,
                 "input": self._audit_json(input),
             },
         )
-        return self._acquisition(key, rows[0], ttl, business_date, (holder, holder_json))
+        return self._acquisition(key, rows[0], ttl, business_date, holder)
 
     def acquire_many(
         self,
@@ -307,19 +280,17 @@ class LeaseStore:
         for key in keys:
             check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
-        holder_json = holder.to_json()
-        rows = self._rows(
+        rows = self._tuples(
             "acquire_batch",
             {
                 "keys": list(keys),
-                "holder": Jsonb(holder_json),
+                "holder": holder.json_text,
                 "ttl_ms": round(ttl * 1000),
                 "business_date": business_date,
                 "horizon_days": self.horizon_days,
             },
         )
-        caller = (holder, holder_json)
-        return [self._acquisition(row["key"], row, ttl, business_date, caller) for row in rows]
+        return [self._acquisition(row[0], row[1:], ttl, business_date, holder) for row in rows]
 
     def renew(self, lease: Lease, *, ttl: float | None = None) -> datetime:
         """Extends the lease; returns the new expiry.
@@ -329,12 +300,12 @@ class LeaseStore:
             LeaseStoreUnavailable: the store did not answer; the lease may still be held.
         """
         ttl = lease.ttl if ttl is None else check_ttl(ttl)
-        rows = self._rows(
+        rows = self._tuples(
             "renew", {"key": lease.key, "token": lease.token, "ttl_ms": round(ttl * 1000)}
         )
         if not rows:
             raise LeaseLost(lease.key, lease.token, "renew found another holder or none")
-        expires_at: datetime = rows[0]["expires_at"]
+        expires_at: datetime = rows[0][0]
         return expires_at
 
     def complete(self, lease: Lease, result: Any = None) -> None:
@@ -345,13 +316,14 @@ class LeaseStore:
             LeaseLost: the caller no longer holds the lease.
         """
         value = audit_payload.to_json_value(result, what="a lease result")
-        size = len(json.dumps(value))
-        if size > self.max_result_bytes:
+        text = json.dumps(value)
+        if len(text) > self.max_result_bytes:
             raise InvalidLeaseInput(
                 f"a lease result must be at most {self.max_result_bytes} bytes of JSON, "
-                f"not {size}; store large outputs elsewhere and return a reference"
+                f"not {len(text)}; store large outputs elsewhere and return a reference"
             )
-        self._finish(lease, "succeeded", result=Jsonb(value), output=result, error=None)
+        output = audit_payload.audit_text(value, max_bytes=self.max_audit_bytes, plain_json=True)
+        self._finish(lease, "succeeded", result=text, output=output, error=None)
 
     def fail(self, lease: Lease, error: str) -> None:
         """Marks the key failed: the next acquire is granted with a new token.
@@ -370,49 +342,57 @@ class LeaseStore:
         self._finish(lease, "released", result=None, output=None, error=reason[:2000])
 
     def _finish(
-        self, lease: Lease, state: str, *, result: Jsonb | None, output: Any, error: str | None
+        self,
+        lease: Lease,
+        state: str,
+        *,
+        result: str | None,
+        output: str | None,
+        error: str | None,
     ) -> None:
         _check_token(lease.token)
-        rows = self._rows(
+        rows = self._tuples(
             "finish",
             {
                 "key": lease.key,
                 "token": lease.token,
                 "state": state,
                 "result": result,
-                "output": self._audit_json(output),
+                "output": output,
                 "error": error,
             },
         )
         if not rows:
             raise LeaseLost(lease.key, lease.token, f"could not mark it {state}")
 
-    def _audit_json(self, value: Any) -> Jsonb | None:
-        clean = audit_payload.for_audit(value, max_bytes=self.max_audit_bytes)
-        return None if clean is None else Jsonb(clean)
+    def _audit_json(self, value: Any) -> str | None:
+        # JSON text, cast to jsonb by the query: serialised once, not again by an adapter
+        return audit_payload.audit_text(value, max_bytes=self.max_audit_bytes)
 
     def _acquisition(
         self,
         key: str,
-        row: Mapping[str, Any],
+        row: Sequence[Any],
         ttl: float,
         business_date: date | None,
-        caller: tuple[Holder, dict[str, Any]],
+        caller: Holder,
     ) -> Acquisition:
-        # a granted row names the caller: reuse it rather than parse it (acquire_many: per key)
-        stored = row["holder"]
-        mine = row.get("held_by_caller") or (stored is not None and stored == caller[1])
+        # row: outcome, token, attempt, holder, expires_at, result, previous_holder,
+        # previous_token, detail, held_by_caller (queries.sql: acquire, acquire_batch).
+        # A row the caller holds does not send the holder back: the caller's is reused.
+        (outcome, token, attempt, stored, expires_at, result, previous, previous_token, detail,
+         mine) = row  # fmt: skip
         return Acquisition(
             key=key,
-            outcome=Outcome(row["outcome"]),
-            token=row["token"],
-            attempt=row["attempt"],
-            holder=caller[0] if mine else _holder(stored),
-            expires_at=row["expires_at"],
-            result=row["result"],
-            previous_holder=_holder(row["previous_holder"]),
-            previous_token=row["previous_token"],
-            detail=row["detail"],
+            outcome=Outcome(outcome),
+            token=token,
+            attempt=attempt,
+            holder=caller if mine else _holder(stored),
+            expires_at=expires_at,
+            result=result,
+            previous_holder=_holder(previous),
+            previous_token=previous_token,
+            detail=detail,
             ttl=ttl,
             business_date=business_date,
         )
@@ -487,7 +467,7 @@ class LeaseStore:
                 "key": key,
                 "event": event,
                 "token": token,
-                "holder": Jsonb(holder.to_json()) if holder else None,
+                "holder": holder.json_text if holder else None,
                 "attempt": attempt,
                 "business_date": business_date,
                 "input": self._audit_json(input),

@@ -2,18 +2,59 @@
 -- airflow_plugins.lease.queries. Every parameter is bound (%(name)s); nothing is formatted in.
 
 -- name: acquire
-SELECT * FROM runlease.acquire(%(key)s, %(holder)s, %(ttl_ms)s, %(business_date)s,
-                               %(horizon_days)s, %(input)s);
+-- The common case, a key with no row yet, in one plain statement: insert the lease (the token
+-- drawn by the insert that wins the key) and its audit row, no plpgsql on the way. Every other
+-- case (the key has a row, a concurrent acquire inserted it first, the date is refused) is
+-- decided by runlease.acquire under the row lock; it runs only when the insert added nothing
+-- (the one-time filter on `granted` is evaluated before the function is called).
+WITH refused AS (
+    SELECT %(business_date)s::date < current_date - %(horizon_days)s::integer
+           OR %(business_date)s::date < (SELECT r.pruned_before FROM runlease.retention r)
+           AS refused
+), granted AS (
+    INSERT INTO runlease.lease AS l (key, state, token, holder, attempt, business_date,
+                                     acquired_at, expires_at)
+    SELECT %(key)s::text, 'running', nextval('runlease.fencing_token'), %(holder)s::jsonb, 1,
+           %(business_date)s::date, now(),
+           now() + make_interval(secs => %(ttl_ms)s::integer / 1000.0)
+    FROM refused
+    WHERE refused.refused IS NOT TRUE
+      -- a key that has a row (a duplicate, a retry) goes straight to the function, without
+      -- drawing a token or attempting the insert; a row inserted concurrently meets the
+      -- ON CONFLICT
+      AND NOT EXISTS (SELECT FROM runlease.lease x WHERE x.key = %(key)s::text)
+    ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
+    RETURNING l.token, l.attempt, l.expires_at
+), audited AS (
+    INSERT INTO runlease.audit (key, event, token, holder, attempt, business_date, input,
+                                outcome)
+    SELECT %(key)s::text, 'acquire', g.token, %(holder)s::jsonb, g.attempt,
+           %(business_date)s::date, %(input)s::jsonb, 'granted'
+    FROM granted g
+)
+SELECT 'granted'::text AS outcome, g.token, g.attempt, NULL::jsonb AS holder, g.expires_at,
+       NULL::jsonb AS result, NULL::jsonb AS previous_holder, NULL::bigint AS previous_token,
+       NULL::text AS detail, true AS held_by_caller
+FROM granted g
+UNION ALL
+SELECT a.outcome, a.token, a.attempt,
+       CASE WHEN a.holder = %(holder)s::jsonb THEN NULL ELSE a.holder END,
+       a.expires_at, a.result, a.previous_holder, a.previous_token, a.detail,
+       coalesce(a.holder = %(holder)s::jsonb, false)
+FROM runlease.acquire(%(key)s::text, %(holder)s::jsonb, %(ttl_ms)s::integer,
+                      %(business_date)s::date, %(horizon_days)s::integer,
+                      %(input)s::jsonb) AS a
+WHERE NOT EXISTS (SELECT FROM granted);
 
 -- name: acquire_batch
 -- The caller's own holder is not sent back once per key (decoding it is most of the client's
 -- cost of a large batch): held_by_caller says the row's holder is the caller.
 SELECT b.key, b.outcome, b.token, b.attempt,
-       CASE WHEN b.holder = %(holder)s THEN NULL ELSE b.holder END AS holder,
-       coalesce(b.holder = %(holder)s, false) AS held_by_caller,
-       b.expires_at, b.result, b.previous_holder, b.previous_token, b.detail
-FROM runlease.acquire_batch(%(keys)s, %(holder)s, %(ttl_ms)s, %(business_date)s,
-                            %(horizon_days)s) AS b
+       CASE WHEN b.holder = %(holder)s::jsonb THEN NULL ELSE b.holder END AS holder,
+       b.expires_at, b.result, b.previous_holder, b.previous_token, b.detail,
+       coalesce(b.holder = %(holder)s::jsonb, false) AS held_by_caller
+FROM runlease.acquire_batch(%(keys)s::text[], %(holder)s::jsonb, %(ttl_ms)s::integer,
+                            %(business_date)s::date, %(horizon_days)s::integer) AS b
 ORDER BY b.key;
 
 -- name: renew
@@ -23,8 +64,34 @@ WHERE key = %(key)s AND token = %(token)s AND state = 'running'
 RETURNING expires_at;
 
 -- name: finish
-SELECT * FROM runlease.finish(%(key)s, %(token)s, %(state)s, %(result)s, %(output)s,
-                              %(error)s);
+-- Ends the holder's lease (succeeded, failed or released) and writes its audit row, in one
+-- plain statement guarded by the token: a superseded holder changes nothing and gets no row.
+-- The same call again (its answer was lost with a connection) finds its own finish and gets
+-- that back, as runlease.finish does.
+WITH finished AS (
+    UPDATE runlease.lease AS l
+    SET state = %(state)s::text, finished_at = now(), result = %(result)s::jsonb,
+        error = %(error)s::text
+    WHERE l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = 'running'
+    RETURNING l.holder, l.attempt, l.business_date, l.finished_at,
+              floor(extract(epoch FROM l.finished_at - l.acquired_at) * 1000)::bigint
+              AS duration_ms
+), audited AS (
+    INSERT INTO runlease.audit (key, event, token, holder, attempt, business_date, output,
+                                duration_ms, outcome, reason)
+    SELECT %(key)s::text,
+           CASE %(state)s::text WHEN 'succeeded' THEN 'complete' WHEN 'failed' THEN 'fail'
+                                ELSE 'release' END,
+           %(token)s::bigint, f.holder, f.attempt, f.business_date, %(output)s::jsonb,
+           f.duration_ms, %(state)s::text, %(error)s::text
+    FROM finished f
+)
+SELECT f.finished_at, f.duration_ms FROM finished f
+UNION ALL
+SELECT l.finished_at, floor(extract(epoch FROM l.finished_at - l.acquired_at) * 1000)::bigint
+FROM runlease.lease l
+WHERE NOT EXISTS (SELECT FROM finished)
+  AND l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = %(state)s::text;
 
 -- name: force_release
 SELECT * FROM runlease.force_release(%(key)s, %(actor)s, %(reason)s);
@@ -59,10 +126,14 @@ ORDER BY acquired_at DESC
 LIMIT %(limit)s;
 
 -- name: history
+-- The dag and period parts of the key are implied by the key; spelled out, they let the
+-- audit_dag_period index (dag, period, key, at) find the key's rows in time order.
 SELECT id, at, key, event, token, holder, attempt, business_date, input, output,
        duration_ms, outcome, actor, reason
 FROM runlease.audit
-WHERE key = %(key)s
+WHERE split_part(key, '/', 1) = split_part(%(key)s::text, '/', 1)
+  AND split_part(key, '/', 3) COLLATE "C" = split_part(%(key)s::text, '/', 3) COLLATE "C"
+  AND key = %(key)s::text
 ORDER BY at, id;
 
 -- name: audit_by_date

@@ -1,0 +1,158 @@
+"""The lease store's connections: one kept for the hot path, a small pool for the rest.
+
+A lease call on the kept connection skips the pool checkout, and the statements psycopg
+prepares (from a query's fifth use on a connection) live as long as it does. A call made while
+another thread has the kept connection is served from the pool. Failures to reach Postgres
+fail closed as ``LeaseStoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from airflow_plugins.lease.errors import LeaseStoreUnavailable
+
+# The kept connection is replaced after this long unused, as a pool retires idle connections:
+# a connection idle for hours (a Postgres restart, a NAT timeout meanwhile) would otherwise
+# cost the next call a failure.
+KEPT_MAX_IDLE = 60.0
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+class StoreConnections:
+    """Autocommit connections with dict rows to one lease-store database.
+
+    Args:
+        conninfo: a libpq connection string or URL.
+        pool_size: most connections open at once: the kept one and ``pool_size - 1`` pooled.
+        connect_timeout: seconds to wait for a connection before failing closed.
+    """
+
+    def __init__(self, conninfo: str, *, pool_size: int, connect_timeout: float) -> None:
+        self._connect_timeout = connect_timeout
+        self._conninfo = conninfo
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "application_name": "runlease",
+        }
+        self._kept: psycopg.Connection[dict[str, Any]] | None = None
+        self._kept_used = 0.0
+        self._kept_lock = threading.Lock()
+        self._pool = (
+            psycopg_pool.ConnectionPool(
+                conninfo,
+                min_size=0,
+                max_size=pool_size - 1,
+                open=False,
+                timeout=connect_timeout,
+                kwargs=self._connect_kwargs,
+                reconnect_timeout=0,
+            )
+            if pool_size > 1
+            else None
+        )
+        self._opened = False
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """The kept connection when it is free, else a pooled one.
+
+        With ``pool_size=1`` there is no pool: the call waits for the kept connection.
+
+        Raises:
+            LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
+        """
+        try:
+            if self._pool is None:
+                if not self._kept_lock.acquire(timeout=self._connect_timeout):
+                    raise LeaseStoreUnavailable(
+                        "lease store unavailable: its one connection stayed busy for "
+                        f"{self._connect_timeout} s"
+                    )
+                kept = True
+            else:
+                kept = self._kept_lock.acquire(blocking=False)
+            if kept:
+                try:
+                    yield from self._kept_connection()
+                finally:
+                    self._kept_lock.release()
+            else:
+                yield from self._pooled_connection()
+        except psycopg.errors.ObjectInUse:
+            # SQLSTATE class 55 is an OperationalError in psycopg, but this one is an answer
+            # (approve_rerun of a running lease), not an unreachable store
+            raise
+        except psycopg_pool.PoolTimeout as exc:
+            raise LeaseStoreUnavailable(
+                f"lease store unavailable: {exc}: {self._why_no_connection()}"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
+
+    def _kept_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        # called with _kept_lock held
+        conn = self._kept
+        now = time.monotonic()
+        if conn is not None and now - self._kept_used > KEPT_MAX_IDLE:
+            self._kept = None
+            conn.close()
+            conn = None
+        if conn is None or conn.closed:
+            conn = self._kept = psycopg.connect(
+                self._conninfo, row_factory=dict_row, **self._connect_kwargs
+            )
+        conn.row_factory = dict_row  # as handed out before, whatever a caller set meanwhile
+        try:
+            yield conn
+        finally:
+            self._kept_used = time.monotonic()
+            # as the pool does: a connection that broke, or that a caller left inside a
+            # transaction, is not handed out again
+            if conn.broken or conn.closed or conn.info.transaction_status != _IDLE:
+                self._kept = None
+                conn.close()
+
+    def _pooled_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        assert self._pool is not None
+        if not self._opened:
+            self._pool.open(wait=False)
+            self._opened = True
+        with self._pool.connection() as conn:
+            conn.row_factory = dict_row  # type: ignore[assignment]
+            yield conn  # type: ignore[misc]
+
+    def _why_no_connection(self) -> str:
+        # the pool only says it timed out; one direct attempt tells the operator why
+        try:
+            with psycopg.connect(
+                self._conninfo, connect_timeout=max(1, math.ceil(self._connect_timeout))
+            ):
+                return f"all {self.pool_connections} pooled connections are busy"
+        except psycopg.Error as exc:
+            return str(exc).strip()
+
+    @property
+    def pool_connections(self) -> int:
+        """How many connections the pool may open besides the kept one."""
+        return 0 if self._pool is None else self._pool.max_size
+
+    def close(self) -> None:
+        """Closes every connection."""
+        with self._kept_lock:
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
+        if self._opened and self._pool is not None:
+            self._pool.close()
+            self._opened = False

@@ -1,0 +1,129 @@
+"""The store's kept connection: threads share the store, broken connections fail closed once,
+idle ones are replaced, and a renew stays a HOT update (no index holds what it changes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from airflow_plugins.lease import (
+    Holder,
+    LeaseKeeper,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    connections,
+)
+from tests.lease.waiting import wait_for
+
+DAY = "2024-02-15"
+
+
+def _store_backends(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'runlease'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _terminate(dsn: str, pids: list[int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def test_a_dropped_connection_fails_one_call_closed_and_the_next_reconnects(
+    lease_db: str,
+) -> None:
+    with LeaseStore(lease_db, ttl=5.0) as store:
+        holder = Holder.process("conn-test")
+        assert store.acquire(f"conn/first/{DAY}", holder).granted
+        _terminate(lease_db, wait_for(lambda: _store_backends(lease_db)))
+        wait_for(lambda: not _store_backends(lease_db))
+
+        with pytest.raises(LeaseStoreUnavailable):
+            store.acquire(f"conn/second/{DAY}", holder)
+        # nothing was written by the call that failed closed
+        assert store.get(f"conn/second/{DAY}") is None
+        got = store.acquire(f"conn/second/{DAY}", holder)
+        assert got.granted
+        store.complete(got.lease, {"ok": True})
+        assert [r["event"] for r in store.history(f"conn/second/{DAY}")] == [
+            "acquire",
+            "complete",
+        ]
+
+
+def test_a_connection_idle_past_the_limit_is_replaced_before_use(
+    lease_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(connections, "KEPT_MAX_IDLE", 0.2)
+    with LeaseStore(lease_db, ttl=5.0) as store:
+        holder = Holder.process("idle-test")
+        store.acquire(f"idle/first/{DAY}", holder)
+        # the server drops the idle connection (a restart, a NAT timeout): the store does not
+        # hand it out again after the idle limit, so the next call does not fail
+        _terminate(lease_db, wait_for(lambda: _store_backends(lease_db)))
+        wait_for(lambda: not _store_backends(lease_db))
+        time.sleep(0.3)  # past the (patched) idle limit, which is what this test is about
+        assert store.acquire(f"idle/second/{DAY}", holder).granted
+
+
+@pytest.mark.parametrize("pool_size", [1, 3])
+def test_threads_sharing_a_store_each_get_their_own_answers(lease_db: str, pool_size: int) -> None:
+    errors: list[BaseException] = []
+    with LeaseStore(lease_db, ttl=5.0, pool_size=pool_size) as store:
+        kept = store.acquire(f"threads/kept/{DAY}", Holder.process("keeper")).lease
+
+        def work(n: int) -> None:
+            holder = Holder.process(f"worker-{n}")
+            try:
+                for i in range(40):
+                    lease = store.acquire(f"threads/w{n}/{DAY}/{i}", holder).lease
+                    store.complete(lease, {"worker": n, "i": i})
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        with LeaseKeeper(store, kept, interval=0.05) as keeper:
+            workers = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join(timeout=120)
+            wait_for(lambda: keeper.renewals >= 3)
+            assert not keeper.lost
+        assert errors == []
+        for n in range(3):
+            for i in (0, 39):
+                row = store.get(f"threads/w{n}/{DAY}/{i}")
+                assert row is not None
+                assert row["state"] == "succeeded"
+                assert row["result"] == {"worker": n, "i": i}
+                assert row["holder"]["name"] == f"worker-{n}"
+    # closed with the store (a backend leaves pg_stat_activity a moment after it is closed)
+    wait_for(lambda: not _store_backends(lease_db))
+
+
+def test_a_renew_is_a_hot_update(store: LeaseStore, lease_db: str) -> None:
+    lease = store.acquire(f"hot/renew/{DAY}", Holder.process("hot")).lease
+
+    def hot_updates() -> int:
+        with psycopg.connect(lease_db, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE relid = 'runlease.lease'::regclass"
+            ).fetchone()
+        assert row is not None
+        updates, hot = int(row[0]), int(row[1])
+        assert hot == updates, f"{updates - hot} of {updates} updates were not HOT"
+        return hot
+
+    for _ in range(5):
+        store.renew(lease)
+    # the server publishes a session's table statistics within about a second of its use
+    wait_for(lambda: hot_updates() >= 5, timeout=60)
