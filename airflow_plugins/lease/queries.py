@@ -1,6 +1,8 @@
-"""Named SQL blocks from ``sql/queries.sql``, loaded once.
+"""Named SQL blocks from a package's ``.sql`` file, loaded once.
 
-A block starts with a line ``-- name: <name>``; its text runs until the next such line.
+A block starts with a line ``-- name: <name>``; its text runs until the next such line. The
+lease store's own blocks are in ``sql/queries.sql``; the views, the watcher and the bridge keep
+theirs beside their code and load them with a ``QueryBook`` of their own.
 """
 
 from __future__ import annotations
@@ -12,18 +14,31 @@ from importlib import resources
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
-@functools.cache
-def _blocks() -> dict[str, str]:
-    text = resources.files("airflow_plugins.lease").joinpath("sql/queries.sql").read_text()
-    parts = _NAME.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+class QueryBook:
+    """The named blocks of one ``.sql`` file of a package; call it with a block's name.
 
-
-def query(name: str) -> str:
-    """Returns the SQL text of the named block.
-
-    Raises:
-        KeyError: no block has that name.
+    Args:
+        package: the package that ships the file, e.g. ``"airflow_plugins.lease"``.
+        path: the file's path inside the package, e.g. ``"sql/queries.sql"``.
     """
-    return _blocks()[name]
+
+    def __init__(self, package: str, path: str) -> None:
+        self.package = package
+        self.path = path
+
+    @functools.cached_property
+    def _blocks(self) -> dict[str, str]:
+        text = resources.files(self.package).joinpath(self.path).read_text()
+        parts = _NAME.split(text)  # [preamble, name1, body1, name2, body2, ...]
+        return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+    def __call__(self, name: str) -> str:
+        """Returns the SQL text of the named block.
+
+        Raises:
+            KeyError: no block has that name.
+        """
+        return self._blocks[name]
+
+
+query = QueryBook("airflow_plugins.lease", "sql/queries.sql")
