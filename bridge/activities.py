@@ -34,6 +34,7 @@ from airflow_plugins.lease import (
 from bridge.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
+from bridge.execution import business_run, run_operator, template_context
 from bridge.fencing import BridgeFence, sink_dsn
 from bridge.graph import substitute
 from bridge.identity import run_key, task_key
@@ -41,6 +42,15 @@ from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
 
 #: Error types the workflow's retry policy never retries: retrying cannot fix them.
 NON_RETRYABLE = ("TaskCodeNotFound", "InvalidInput", "LeaseRefused")
+#: An operator's exceptions that fail its task at once (Airflow does not retry them either;
+#: a deferral that slipped past the translatability check cannot be resumed in a worker).
+_FAIL_NOW = {
+    "AirflowFailException",
+    "AirflowSkipException",
+    "ParamValidationError",
+    "TaskDeferred",
+    "XComNotCarried",
+}
 MAX_WAIT_S = 30.0
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 UNAVAILABLE_WAIT_S = 5.0
@@ -145,6 +155,8 @@ class BridgeActivities:
         spec = inp.task
         if spec.kind is TaskKind.NOOP:
             return None
+        if spec.kind is TaskKind.EXECUTE:
+            return self._execute(inp)
         fn = self.catalog.resolve(inp.dag_id, spec)
         args = substitute(list(spec.args), inp.upstream)
         kwargs = substitute(dict(spec.kwargs), inp.upstream)
@@ -157,6 +169,25 @@ class BridgeActivities:
         if params and params[0].name == "fence" and params[0].kind in _POSITIONAL:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
+
+    def _execute(self, inp: TaskInput) -> Any:
+        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder."""
+        from airflow_plugins.task_key import dag_period, dag_timezone
+
+        info = activity.info()
+        task = self.catalog.operator(inp.dag_id, inp.task.task_id)
+        run, ds = business_run(
+            inp.dag_id,
+            info.workflow_id or "",
+            inp.business_date,
+            period=dag_period(task.dag).value,
+            timezone=dag_timezone(task.dag),
+        )
+        # the workflow passes the results of the upstream tasks the spec's XCom markers name
+        context = template_context(
+            task, run=run, try_number=info.attempt, upstream=inp.upstream, ds=ds
+        )
+        return run_operator(task, context)
 
     @activity.defn(name="bridge.compare_run")
     def compare_run(self, inp: CompareInput) -> Comparison:
@@ -259,6 +290,8 @@ def _as_application_error(exc: BaseException) -> ApplicationError:
         return exc
     if isinstance(exc, TaskCodeNotFound):
         return ApplicationError(str(exc), type="TaskCodeNotFound", non_retryable=True)
+    if type(exc).__name__ in _FAIL_NOW:  # retrying cannot fix it (Airflow does not retry it)
+        return ApplicationError(str(exc), type="TaskFailedNoRetry", non_retryable=True)
     if isinstance(exc, StaleToken | LeaseLost):
         return ApplicationError(str(exc), type=type(exc).__name__)
     return ApplicationError(str(exc), type=type(exc).__name__)

@@ -2,11 +2,13 @@
 
 A task's code is not shipped through Temporal. The worker runs the same code Airflow runs: a
 callable imported by ``module:qualname``, or the task itself found in the worker's DAG folder
-(the same files the dag-processor parses), so ``@task`` and PythonOperator code runs unchanged.
+(the same files the dag-processor parses), so ``@task`` and PythonOperator code runs unchanged;
+other operators are rebuilt from there (a fresh copy per run) and run by ``bridge.execution``.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 from collections.abc import Callable
@@ -60,6 +62,34 @@ class TaskCatalog:
         if spec.callable_ref:
             return import_callable(spec.callable_ref)
         return self._from_dags(dag_id, spec)
+
+    def dag(self, dag_id: str) -> Any:
+        """The parsed DAG ``dag_id`` of the DAG folder (None when it is not there)."""
+        if self._dags_folder is None:
+            return None
+        self.load()
+        with self._lock:
+            return self._dagbag.dags.get(dag_id)
+
+    def operator(self, dag_id: str, task_id: str) -> Any:
+        """A fresh copy of the operator ``task_id`` of ``dag_id`` from the DAG folder (rendering
+        templates mutates an operator, and one worker runs many business runs at once).
+
+        Raises:
+            TaskCodeNotFound: no DAG folder, the task is not in it, or it cannot be copied.
+        """
+        if self._dags_folder is None:
+            raise TaskCodeNotFound(
+                f"{dag_id}.{task_id}: an operator runs from the worker's DAG folder, and this "
+                "worker has none (set BRIDGE_DAGS_FOLDER)"
+            )
+        dag = self.dag(dag_id)
+        if dag is None or task_id not in dag.task_dict:
+            raise TaskCodeNotFound(f"{dag_id}.{task_id} is not in {self._dags_folder}")
+        try:
+            return copy.deepcopy(dag.task_dict[task_id])
+        except Exception as exc:
+            raise TaskCodeNotFound(f"{dag_id}.{task_id} cannot be rebuilt: {exc}") from exc
 
     def _from_dags(self, dag_id: str, spec: TaskSpec) -> Callable[..., Any]:
         if self._dags_folder is None:

@@ -23,7 +23,7 @@ from bridge import handoff
 from bridge.client import TemporalUnavailable
 from bridge.config import BridgeConfig
 from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
-from bridge.spec import DagSpec, RunMode
+from bridge.spec import DagSpec, RunMode, TaskKind
 from bridge.translate import LANE_TAG, SIDE_EFFECT_FREE_TAG, task_spec
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,11 @@ def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
         spec = task_spec(operator, side_effect_free=free)
     except Exception as exc:  # _NotTranslatable, with the reason
         raise InvalidLeaseInput(f"{operator.task_id} cannot run in Temporal: {exc}") from exc
+    if spec.kind is TaskKind.EXECUTE and spec.upstream:
+        raise InvalidLeaseInput(
+            f"{operator.task_id} cannot run in Temporal alone: its operator may pull upstream "
+            "XComs, which only a whole-DAG handover (BridgeOperator) carries"
+        )
     lane = next((t.removeprefix(LANE_TAG) for t in tags if t.startswith(LANE_TAG)), "default")
     return DagSpec(dag.dag_id, (dataclasses.replace(spec, upstream=()),), lane=lane)
 

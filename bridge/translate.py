@@ -5,10 +5,16 @@ task it cannot translate, its name and the reason. Nothing is handed over while 
 untranslatable: the report comes before anything runs.
 
 Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
-``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, and mapped versions
-of these expanded over one upstream task's list. Not translated, with the reason: sensors,
-deferrable operators, branching and short-circuit operators, non-default trigger rules,
-cross-DAG operators, and arguments holding Jinja templates (only Airflow renders them).
+``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
+of these expanded over one upstream task's list, and any other operator whose
+``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker rebuilds
+it from its DAG folder, renders its templated fields and calls ``execute``
+(``bridge.execution``). Not translated, with the reason: sensors, deferrable operators (a
+``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose code reaches
+Airflow's metadata DB (``create_session``, ``provide_session``, ``airflow.models``), operators
+that cannot be copied, mapped operators without a Python callable, branching and short-circuit
+operators, non-default trigger rules, cross-DAG operators, and Python-callable arguments holding
+Jinja templates (only Airflow renders them).
 
 DAG tags the bridge reads: ``side-effect-free`` (every task) or ``side-effect-free:<task_id>``,
 and ``bridge-lane:<lane>`` (the priority lane, e.g. ``billing``).
@@ -16,6 +22,7 @@ and ``bridge-lane:<lane>`` (the priority lane, e.g. ``billing``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -23,11 +30,15 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_plugins.task_key import dag_period, dag_timezone
+from bridge.execution import XCOM_ARGUMENT
 from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, TaskKind, TaskSpec
 
 SIDE_EFFECT_FREE_TAG = "side-effect-free"
 LANE_TAG = "bridge-lane:"
 _CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
+_NOT_SCANNED = ("airflow.sdk.", "airflow.models.", "typing", "abc", "builtins")
+_DEFERS = ".defer("
+_METADATA_DB = ("create_session", "provide_session", "settings.Session", "airflow.models")
 _BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
 
 
@@ -158,10 +169,7 @@ def task_spec(
     if "EmptyOperator" in names:
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
     if fn is None:
-        raise _NotTranslatable(
-            "no Python callable: only @task, PythonOperator and ExactlyOnceOperator bodies run "
-            "unchanged in a worker"
-        )
+        return _operator_spec(task, names, mapped, side_effect_free, common)
     args = getattr(task, "op_args", None) if not mapped else partial.get("op_args")
     kwargs = getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")
     map_over, map_arg = _expansion(task) if mapped else (None, "item")
@@ -179,6 +187,53 @@ def task_spec(
         map_over=map_over,
         map_arg=map_arg,
         **common,
+    )
+
+
+def _operator_spec(
+    task: Any, names: set[str], mapped: bool, side_effect_free: bool, common: dict[str, Any]
+) -> TaskSpec:
+    """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
+    folder and rendering its templated fields (``bridge.execution``)."""
+    if mapped:
+        raise _NotTranslatable(
+            "a mapped operator without a Python callable: map a @task over the list instead"
+        )
+    if "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
+        raise _NotTranslatable("a serialized task: translate from the DAG file, not the DB")
+    for cls in type(task).__mro__:
+        if cls.__module__.startswith(_NOT_SCANNED):
+            continue
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
+        # asked to; one without the flag may defer whenever its code says so
+        if _DEFERS in source and not hasattr(task, "deferrable"):
+            raise _NotTranslatable(
+                f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger"
+            )
+        used = next((m for m in _METADATA_DB if m in source), None)
+        if used is not None:
+            raise _NotTranslatable(
+                f"needs Airflow's metadata DB ({cls.__name__} uses {used}), which a worker "
+                "does not reach"
+            )
+    try:
+        copy.deepcopy(task)  # what the worker does before each run
+    except Exception as exc:
+        raise _NotTranslatable(f"the worker cannot rebuild it: {exc}") from exc
+    # Airflow lets an operator pull any task of its run that ran before it: every ancestor
+    # becomes an upstream (already implied under all_success), so the workflow passes its result
+    ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
+    return TaskSpec(
+        task.task_id,
+        kind=TaskKind.EXECUTE,
+        kwargs={XCOM_ARGUMENT: xcom},
+        side_effect_free=side_effect_free,
+        **{**common, "upstream": ancestors},
     )
 
 

@@ -49,10 +49,10 @@ def test_untranslatable_dag_is_reported_by_task_name_with_the_reason() -> None:
     translation = translate(dag)
     assert translation.spec is None
     reasons = {u.task_id: u.reason for u in translation.untranslatable}
-    assert set(reasons) == {"wait_for_file", "pick", "load", "done"}
+    # the BashOperator runs unchanged in a worker (tests/bridge/test_operators.py)
+    assert set(reasons) == {"wait_for_file", "pick", "done"}
     assert "sensor" in reasons["wait_for_file"]
     assert "branching" in reasons["pick"]
-    assert "no Python callable" in reasons["load"]
     assert "trigger rule" in reasons["done"]
     report = str(UntranslatableDag(translation))
     assert report.startswith("mixed: NOT translatable")
