@@ -12,6 +12,7 @@ phone-sized screen, is saved under ``test-artifacts/views/``.
 from __future__ import annotations
 
 import re
+import time
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -168,9 +169,17 @@ def test_each_page_in_a_real_browser(
             page.screenshot(path=str(ARTIFACTS / "audit.png"), full_page=True)
             assert browser.errors == []
 
-            page = browser.open(f"/runs?dag_id={minutely_dag.dag_id}")
-            assert "p95 start lag" in page.locator("#sla").inner_text()
-            measured = page.locator("#sla .card").nth(2).locator("b").inner_text()
+            # runs scheduled before Airflow first saw the DAG are not expected (catchup from
+            # when it was first seen): on a slow dag-processor the first runs may not count,
+            # so wait for the per-minute DAG's later runs to be measured
+            deadline = time.monotonic() + 300
+            while True:
+                page = browser.open(f"/runs?dag_id={minutely_dag.dag_id}")
+                assert "p95 start lag" in page.locator("#sla").inner_text()
+                measured = page.locator("#sla .card").nth(2).locator("b").inner_text()
+                if int(measured) >= 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(10)
             assert int(measured) >= 2
             browser.charts_render(1)
             assert browser.marks() >= 2
