@@ -10,7 +10,8 @@ actor and a reason.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -266,10 +267,8 @@ def force_release(
     reason: Annotated[str, Form()],
 ) -> RedirectResponse:
     actor = access.require_admin(request, user, _dag_of(key))
-    try:
+    with _refused_as(status.HTTP_400_BAD_REQUEST):
         token = _store(request).force_release(key, actor=actor, reason=reason)
-    except InvalidLeaseInput as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     said = f"released {key} (token {token})" if token else f"{key} was not running"
     return _back(request, "leases", said)
 
@@ -282,10 +281,8 @@ def approve_rerun(
     reason: Annotated[str, Form()],
 ) -> RedirectResponse:
     actor = access.require_admin(request, user, _dag_of(key))
-    try:
+    with _refused_as(status.HTTP_400_BAD_REQUEST):
         outcome = _store(request).approve_rerun(key, actor=actor, reason=reason)
-    except InvalidLeaseInput as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return _back(request, "leases", f"re-run of {key}: {outcome}")
 
 
@@ -303,7 +300,7 @@ def change_mode(
     from bridge.cutover import ModeStore
 
     store = _store(request)
-    try:
+    with _refused_as(status.HTTP_409_CONFLICT):
         change = ModeStore(store).set(
             dag_id,
             mode,
@@ -312,17 +309,22 @@ def change_mode(
             force=force,
             ready=ready(store, dag_id, _ready_after()),
         )
-    except InvalidLeaseInput as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     said = f"{dag_id}: {change.previous.value} -> {change.current.value}"
     return _back(request, "migration", said)
 
 
-def _dag_of(key: str) -> str:
+@contextmanager
+def _refused_as(code: int) -> Iterator[None]:
+    """Answers a change the lease store refused (bad input, wrong state) with ``code``."""
     try:
-        return check_key(key).split("/", 1)[0]
+        yield
     except InvalidLeaseInput as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+        raise HTTPException(code, str(exc)) from exc
+
+
+def _dag_of(key: str) -> str:
+    with _refused_as(status.HTTP_400_BAD_REQUEST):
+        return check_key(key).split("/", 1)[0]
 
 
 def _back(request: Request, page: str, message: str) -> RedirectResponse:
