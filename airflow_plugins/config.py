@@ -224,3 +224,32 @@ def lease_store(dsn: str | None = None, *, connect_timeout: float = 5.0) -> Leas
             )
             _stores[cache_key] = store
         return store
+
+
+_task_dsns: dict[str | None, str] = {}
+
+
+def task_lease_store(conn_id: str | None = None) -> LeaseStore:
+    """The lease store of a task process: ``conn_id`` (a task's own ``lease_conn_id``) or the
+    configured one.
+
+    A Connection kept in Airflow's metastore is read once per process (the task SDK asks the
+    supervisor, which asks the API server): a task process lives for one try, so it cannot go
+    stale there, and the protected try, its listener hooks and the warm-up started while the
+    DAG file is parsed share one store. An option or ``AIRFLOW_CONN_*`` variable is read each
+    time (it costs nothing).
+
+    Raises:
+        InvalidLeaseInput: no lease store is configured.
+    """
+    try:
+        return lease_store(lease_dsn(metastore=False, conn_id=conn_id))
+    except InvalidLeaseInput:
+        pass  # the Connection is in Airflow's metastore
+    with _stores_lock:
+        dsn = _task_dsns.get(conn_id)
+    if dsn is None:
+        dsn = lease_dsn(conn_id=conn_id)
+        with _stores_lock:
+            _task_dsns[conn_id] = dsn
+    return lease_store(dsn)

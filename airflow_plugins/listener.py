@@ -63,8 +63,7 @@ def _store(*, in_task: bool = False, task: Any = None) -> LeaseStore | None:
     if time.monotonic() < _paused_until:
         return None
     if in_task:  # the same pool the protected body's lease uses: one connection per try
-        conn_id = getattr(task, "lease_conn_id", None)
-        return config.lease_store(config.lease_dsn(conn_id=conn_id if conn_id else None))
+        return config.task_lease_store(getattr(task, "lease_conn_id", None) or None)
     return config.lease_store(config.lease_dsn(metastore=False), connect_timeout=CONNECT_TIMEOUT)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow.policies import hookimpl
 
-from airflow_plugins import config, protected_try
+from airflow_plugins import config, prewarm, protected_try
 from airflow_plugins.fence_context import Fence
 from airflow_plugins.protected_try import Protection
 
@@ -184,18 +184,31 @@ def _wrappable_mapped(task: Any) -> bool:
     )
 
 
-@hookimpl
-def task_policy(task: Any) -> None:
-    """Wraps the tasks of opted-in DAGs (see the module docstring)."""
-    dag = getattr(task, "dag", None)
-    if not opted_in(dag) or is_wrapped(task):
-        return
+def _protected_operator(task: Any) -> bool:
     from airflow_plugins.operators import ExactlyOnceOperator
 
     operator_class = getattr(task, "operator_class", None)  # a mapped task's operator
-    if isinstance(task, ExactlyOnceOperator) or (
+    return isinstance(task, ExactlyOnceOperator) or (
         isinstance(operator_class, type) and issubclass(operator_class, ExactlyOnceOperator)
-    ):
+    )
+
+
+def _own_lease_conn_id(task: Any) -> str | None:
+    partial = getattr(task, "partial_kwargs", None)  # a mapped task's arguments
+    given = partial.get("lease_conn_id") if isinstance(partial, dict) else None
+    return getattr(task, "lease_conn_id", None) or given or None
+
+
+@hookimpl
+def task_policy(task: Any) -> None:
+    """Wraps the tasks of opted-in DAGs (see the module docstring); in the process about to
+    run a protected task, starts warming its lease store (``airflow_plugins.prewarm``)."""
+    if _protected_operator(task):
+        if prewarm.runs_here(task):
+            prewarm.start(_own_lease_conn_id(task))
+        return
+    dag = getattr(task, "dag", None)
+    if not opted_in(dag) or is_wrapped(task):
         return
     where = f"{getattr(dag, 'dag_id', '?')}.{task.task_id}"
     if _wrappable_mapped(task):
@@ -216,6 +229,8 @@ def task_policy(task: Any) -> None:
             type(task).__name__,
         )
         return
+    if prewarm.runs_here(task):
+        prewarm.start()
     log.warning(
         "exactly-once policy: %s wrapped: one holder per key, skip-if-succeeded and "
         "self-fencing, but it uses no fence: its writes carry no token, so a sink cannot refuse "

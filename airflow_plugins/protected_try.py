@@ -389,7 +389,7 @@ def run_try(
         log.info("exactly-once: %s handed over (mode %s)", target.key, route.mode)
         return route.handover.start(task, context, protected_run(target))
     try:
-        store = config.lease_store(config.lease_dsn(conn_id=protection.lease_conn_id))
+        store = config.task_lease_store(protection.lease_conn_id)
     except InvalidLeaseInput as exc:
         raise _retryable(f"exactly-once: {exc}") from exc
     try:

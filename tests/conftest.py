@@ -80,3 +80,14 @@ def store(lease_db: str) -> Iterator[LeaseStore]:
     """A lease store on a fresh database, with a short default TTL."""
     with LeaseStore(lease_db, ttl=5.0) as s:
         yield s
+
+
+def store_backends(dsn: str) -> list[int]:
+    """The server processes of lease-store connections (``application_name`` runlease) open
+    on ``dsn``'s database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'runlease'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]

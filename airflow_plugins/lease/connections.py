@@ -2,16 +2,18 @@
 
 A lease call on the kept connection skips the pool checkout, and the statements psycopg
 prepares (from a query's fifth use on a connection) live as long as it does. A call made while
-another thread has the kept connection is served from the pool. Failures to reach Postgres
-fail closed as ``LeaseStoreUnavailable``.
+another thread has the kept connection is served from the pool, except while ``warm`` opens
+it: the call then waits for it rather than starting a second connection. Failures to reach
+Postgres fail closed as ``LeaseStoreUnavailable``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +22,8 @@ import psycopg_pool
 from psycopg.rows import dict_row
 
 from airflow_plugins.lease.errors import LeaseStoreUnavailable
+
+log = logging.getLogger(__name__)
 
 # The kept connection is replaced after this long unused, as a pool retires idle connections:
 # a connection idle for hours (a Postgres restart, a NAT timeout meanwhile) would otherwise
@@ -48,6 +52,7 @@ class StoreConnections:
         self._kept: psycopg.Connection[dict[str, Any]] | None = None
         self._kept_used = 0.0
         self._kept_lock = threading.Lock()
+        self._warming = threading.Event()
         self._pool = (
             psycopg_pool.ConnectionPool(
                 conninfo,
@@ -81,7 +86,11 @@ class StoreConnections:
                     )
                 kept = True
             else:
-                kept = self._kept_lock.acquire(blocking=False)
+                kept = self._kept_lock.acquire(blocking=False) or (
+                    # being opened by warm(): waiting for it beats opening a second one
+                    self._warming.is_set()
+                    and self._kept_lock.acquire(timeout=self._connect_timeout)
+                )
             if kept:
                 try:
                     yield from self._kept_connection()
@@ -99,6 +108,39 @@ class StoreConnections:
             ) from exc
         except psycopg.OperationalError as exc:
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
+
+    def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> threading.Thread:
+        """Opens the kept connection on a daemon thread and runs ``statements`` on it.
+
+        Meant for ``EXPLAIN``s of the hot statements: planning them loads the server's catalog
+        caches and psycopg's adapters, so the first real call finds everything warm. Calls made
+        meanwhile wait for this connection instead of opening another. A failure is only
+        logged: the first real call then connects itself and reports it.
+
+        Returns:
+            The started thread.
+        """
+        self._warming.set()
+        thread = threading.Thread(
+            target=self._warm, args=(statements,), name="lease-store-warm", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        try:
+            if not self._kept_lock.acquire(blocking=False):
+                return  # a real call got there first and opens it itself
+            try:
+                with contextmanager(self._kept_connection)() as conn:
+                    for sql, params in statements:
+                        conn.execute(sql, params)
+            finally:
+                self._kept_lock.release()
+        except psycopg.Error as exc:
+            log.info("warming the lease store's connection failed: %s", exc)
+        finally:
+            self._warming.clear()
 
     def _kept_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         # called with _kept_lock held

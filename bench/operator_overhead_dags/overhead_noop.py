@@ -10,12 +10,18 @@ It times, inside each task process, what the plugin does there:
   wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
   only failed and skipped tries (the lease's own rows record the others).
 
+* ``warm_up`` (reported apart, not in the plugin's time): the lease store's warm-up
+  (``airflow_plugins.prewarm``), which runs on its own thread while Airflow still prepares the
+  task: its wall and thread CPU time, and how long ``execute`` started before it finished (that
+  wait is inside ``execute``, so already counted).
+
 At the end of ``execute``, after the stopwatch, it writes one row to ``bench_timings``
 (``EO_BENCH_DSN``), which the bench reads back; both kinds pay that write alike.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import time
@@ -26,10 +32,13 @@ import psycopg
 
 from airflow_plugins import listener
 from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease.connections import StoreConnections
 from airflow_plugins.operators import ExactlyOnceOperator
 
 TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0}
+_WARM: dict[str, float] = {}
 _unwrapped_guarded = listener._guarded
+_unwrapped_warm = StoreConnections._warm
 
 
 def _record(ti: Any) -> None:
@@ -63,18 +72,42 @@ def _timed_guarded(what: str, action: Callable[[], None]) -> None:
 listener._guarded = _timed_guarded
 
 
+def _timed_warm(self: StoreConnections, statements: Any) -> None:
+    _WARM["started"], cpu = time.perf_counter(), time.thread_time()
+    try:
+        _unwrapped_warm(self, statements)
+    finally:
+        _WARM["cpu"] = time.thread_time() - cpu
+        _WARM["ended"] = time.perf_counter()
+
+
+StoreConnections._warm = _timed_warm  # type: ignore[method-assign]
+
+
 class ExactlyOnceBenchNoop(ExactlyOnceOperator):
     """A protected task whose body does nothing; it times the plugin around the body."""
 
     def execute(self, context: Any) -> Any:
         """``ExactlyOnceOperator.execute``, timed."""
+        profile_dir = os.environ.get("EO_BENCH_PROFILE")
+        profiler = cProfile.Profile() if profile_dir else None
         started, cpu = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            profiler.enable()
         result = super().execute(context)
+        if profiler is not None:
+            profiler.disable()
         TIMINGS["execute"] = time.perf_counter() - started
+        if "started" in _WARM:
+            TIMINGS["warm_up"] = _WARM["ended"] - _WARM["started"]
+            TIMINGS["warm_up_cpu"] = _WARM["cpu"]
+            TIMINGS["warm_up_after_execute_start"] = max(0.0, _WARM["ended"] - started)
         # CPU of every thread of the task process (pool workers, keeper): what the plugin
         # costs the task's machine, whatever else competes for its cores
         TIMINGS["execute_cpu"] = time.process_time() - cpu
         _record(context["ti"])
+        if profiler is not None and profile_dir:
+            profiler.dump_stats(os.path.join(profile_dir, f"{os.getpid()}.pstats"))
         return result
 
     def execute_protected(self, fence: Fence, context: Any) -> Any:

@@ -54,7 +54,7 @@ def _plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts with no cached lease store, the default router and no env config."""
     from airflow.sdk.bases.operator import ExecutorSafeguard
 
-    from airflow_plugins import config, routing
+    from airflow_plugins import config, prewarm, routing
 
     for name in list(os.environ):
         if name.startswith("AIRFLOW__EXACTLY_ONCE__") or name.startswith("AIRFLOW_CONN_"):
@@ -62,11 +62,13 @@ def _plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # operators are executed directly here, not by the task runner
     monkeypatch.setattr(ExecutorSafeguard, "test_mode", True)
     routing.register_router(None)
+    monkeypatch.setattr(prewarm, "_started", False)
     yield
     routing.register_router(None)
     with config._stores_lock:
         stores = list(config._stores.values())
         config._stores.clear()
+        config._task_dsns.clear()
     for store in stores:
         store.close()
 

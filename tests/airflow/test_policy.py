@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,25 +27,34 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow_plugins import policy
 from airflow_plugins.lease import LeaseStore
 from tests.airflow.conftest import task_context
+from tests.conftest import store_backends
+from tests.lease.waiting import wait_for
 
 DAGS = Path(__file__).parent / "dags"
 NIGHT = datetime(2024, 2, 15, 2, tzinfo=UTC)
 WORKER = Path(__file__).parent / "self_fence_worker.py"
 
 
-@pytest.fixture
-def bag(caplog: pytest.LogCaptureFixture) -> Iterator[DagBag]:
-    """The test DAG folder parsed with the policy registered (as its entry point does)."""
+@contextmanager
+def _policy_registered() -> Iterator[None]:
+    """The policy registered for a parse (as its entry point does)."""
     manager = settings.get_policy_plugin_manager()
     registered_here = not manager.is_registered(policy)
     if registered_here:
         manager.register(policy)
-    caplog.set_level(logging.WARNING, logger="airflow_plugins.policy")
     try:
-        yield DagBag(str(DAGS))
+        yield
     finally:
         if registered_here:
             manager.unregister(policy)
+
+
+@pytest.fixture
+def bag(caplog: pytest.LogCaptureFixture) -> Iterator[DagBag]:
+    """The test DAG folder parsed with the policy registered."""
+    caplog.set_level(logging.WARNING, logger="airflow_plugins.policy")
+    with _policy_registered():
+        yield DagBag(str(DAGS))
 
 
 @pytest.fixture
@@ -203,3 +213,46 @@ def test_lease_loss_kills_the_wrapped_bash_task_and_its_shell(plugin_env: dict[s
         for pid in _processes_with(f"sleep {marker}"):
             os.kill(pid, signal.SIGKILL)
     assert "killing the task's processes" in output
+
+
+@pytest.mark.parametrize("task_id", ["already", "py"])  # ExactlyOnceOperator; wrapped
+def test_parsing_to_run_a_protected_task_warms_the_connection_its_try_uses(
+    monkeypatch: pytest.MonkeyPatch, counter: Path, plugin_env: dict[str, str], task_id: str
+) -> None:
+    # the task runner parses the DAG file with the parsing context naming the task it runs
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "policy_tagged")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    with _policy_registered():
+        task = DagBag(str(DAGS)).dags["policy_tagged"].get_task(task_id)
+    warmed = wait_for(lambda: store_backends(plugin_env["lease"]))
+    assert len(warmed) == 1
+
+    task.execute(context=task_context(task, logical_date=NIGHT))
+    # the try (acquire, complete) ran on the warmed connection: no second one was opened
+    assert store_backends(plugin_env["lease"]) == warmed
+    with LeaseStore(plugin_env["lease"]) as store:
+        row = store.get(f"policy_tagged/{task_id}/2024-02-15")
+    assert row is not None
+    assert row["state"] == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "task_id"),
+    [
+        (None, None),  # the dag processor: no task named
+        ("policy_untagged", "py"),  # a task runner about to run an unprotected task
+    ],
+)
+def test_other_parses_open_no_lease_connection(
+    monkeypatch: pytest.MonkeyPatch,
+    plugin_env: dict[str, str],
+    dag_id: str | None,
+    task_id: str | None,
+) -> None:
+    if dag_id and task_id:
+        monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id)
+        monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    with _policy_registered():
+        assert DagBag(str(DAGS)).import_errors == {}
+    time.sleep(1.0)  # a warm-up would have connected by now (it takes milliseconds)
+    assert store_backends(plugin_env["lease"]) == []

@@ -131,6 +131,28 @@ def test_a_template_over_the_tasks_arguments_renders_before_the_work() -> None:
         target_from_context(context)
 
 
+@pytest.mark.parametrize("value", ["acme", 42, 3.5, None, "a<b>&c", "tenant/7"])
+@pytest.mark.parametrize("template", ["{{ tenant }}", "{{tenant}}", "  {{ tenant }}\n"])
+@pytest.mark.parametrize("jinja_kwargs", [{}, {"autoescape": True}])
+def test_a_one_name_template_keys_as_jinja_renders_it(
+    value: object, template: str, jinja_kwargs: dict[str, object]
+) -> None:
+    # such templates skip compiling Jinja: the key must be what Jinja would have rendered
+    with DAG(
+        "billing_nightly",
+        schedule="0 2 * * *",
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        jinja_environment_kwargs=jinja_kwargs,
+    ):
+        task = EmptyOperator(task_id="charge")
+    task.op_kwargs = {"tenant": value}  # type: ignore[attr-defined]
+    context = task_context(task, logical_date=datetime(2024, 2, 15, 2, tzinfo=UTC), map_index=0)
+    context["map_index_template"] = template
+    rendered = task.dag.get_template_env().from_string(template).render(tenant=value)
+    expected = rendered.strip().replace("/", "_")
+    assert str(target_from_context(context).key) == f"billing_nightly/charge/2024-02-15/{expected}"
+
+
 def test_a_mapped_task_without_template_is_refused() -> None:
     task = _task("0 2 * * *")
     context = task_context(task, logical_date=datetime(2024, 2, 15, 2, tzinfo=UTC), map_index=3)

@@ -1,5 +1,6 @@
 """The store's kept connection: threads share the store, broken connections fail closed once,
-idle ones are replaced, and a renew stays a HOT update (no index holds what it changes)."""
+idle ones are replaced, a renew stays a HOT update (no index holds what it changes), and a
+warm-up opens the one connection the next call uses."""
 
 from __future__ import annotations
 
@@ -16,18 +17,11 @@ from airflow_plugins.lease import (
     LeaseStoreUnavailable,
     connections,
 )
+from tests.conftest import store_backends
+from tests.lease.ports import closed_port
 from tests.lease.waiting import wait_for
 
 DAY = "2024-02-15"
-
-
-def _store_backends(dsn: str) -> list[int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'runlease'"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
 
 
 def _terminate(dsn: str, pids: list[int]) -> None:
@@ -42,8 +36,8 @@ def test_a_dropped_connection_fails_one_call_closed_and_the_next_reconnects(
     with LeaseStore(lease_db, ttl=5.0) as store:
         holder = Holder.process("conn-test")
         assert store.acquire(f"conn/first/{DAY}", holder).granted
-        _terminate(lease_db, wait_for(lambda: _store_backends(lease_db)))
-        wait_for(lambda: not _store_backends(lease_db))
+        _terminate(lease_db, wait_for(lambda: store_backends(lease_db)))
+        wait_for(lambda: not store_backends(lease_db))
 
         with pytest.raises(LeaseStoreUnavailable):
             store.acquire(f"conn/second/{DAY}", holder)
@@ -67,8 +61,8 @@ def test_a_connection_idle_past_the_limit_is_replaced_before_use(
         store.acquire(f"idle/first/{DAY}", holder)
         # the server drops the idle connection (a restart, a NAT timeout): the store does not
         # hand it out again after the idle limit, so the next call does not fail
-        _terminate(lease_db, wait_for(lambda: _store_backends(lease_db)))
-        wait_for(lambda: not _store_backends(lease_db))
+        _terminate(lease_db, wait_for(lambda: store_backends(lease_db)))
+        wait_for(lambda: not store_backends(lease_db))
         time.sleep(0.3)  # past the (patched) idle limit, which is what this test is about
         assert store.acquire(f"idle/second/{DAY}", holder).granted
 
@@ -105,7 +99,7 @@ def test_threads_sharing_a_store_each_get_their_own_answers(lease_db: str, pool_
                 assert row["result"] == {"worker": n, "i": i}
                 assert row["holder"]["name"] == f"worker-{n}"
     # closed with the store (a backend leaves pg_stat_activity a moment after it is closed)
-    wait_for(lambda: not _store_backends(lease_db))
+    wait_for(lambda: not store_backends(lease_db))
 
 
 def test_a_renew_is_a_hot_update(store: LeaseStore, lease_db: str) -> None:
@@ -127,3 +121,46 @@ def test_a_renew_is_a_hot_update(store: LeaseStore, lease_db: str) -> None:
         store.renew(lease)
     # the server publishes a session's table statistics within about a second of its use
     wait_for(lambda: hot_updates() >= 5, timeout=60)
+
+
+def test_warm_up_opens_the_one_connection_and_writes_nothing(lease_db: str) -> None:
+    with LeaseStore(lease_db, ttl=5.0) as store:
+        store.warm_up().join(timeout=10)
+        warmed = store_backends(lease_db)
+        assert len(warmed) == 1
+        with psycopg.connect(lease_db, autocommit=True) as conn:
+            counts = conn.execute(
+                "SELECT (SELECT count(*) FROM runlease.lease), "
+                "(SELECT count(*) FROM runlease.audit)"
+            ).fetchone()
+        assert counts == (0, 0)  # EXPLAIN plans the acquire and the finish, runs neither
+
+        got = store.acquire(f"warm/first/{DAY}", Holder.process("warm-test"))
+        assert got.granted
+        store.complete(got.lease, 1)
+        assert store_backends(lease_db) == warmed  # the try used the warmed connection
+
+
+def test_a_call_made_while_warming_waits_for_that_connection(lease_db: str) -> None:
+    pool = connections.StoreConnections(lease_db, pool_size=4, connect_timeout=5.0)
+    try:
+        # a warm-up that takes a while: the call below arrives while it still runs
+        warming = pool.warm([("SELECT pg_sleep(0.5)", {}), ("SELECT 1", {})])
+        started = time.monotonic()
+        with pool.connection() as conn:
+            pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+        waited = time.monotonic() - started
+        warming.join(timeout=10)
+        assert pid is not None
+        assert store_backends(lease_db) == [pid["pid"]]  # no second (pooled) connection
+        assert waited >= 0.3
+    finally:
+        pool.close()
+
+
+def test_a_failed_warm_up_is_quiet_and_the_call_reports_the_store_unreachable() -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere"
+    with LeaseStore(dsn, ttl=5.0, connect_timeout=1.0) as store:
+        store.warm_up().join(timeout=10)
+        with pytest.raises(LeaseStoreUnavailable):
+            store.acquire(f"warm/unreachable/{DAY}", Holder.process("warm-test"))

@@ -1,0 +1,71 @@
+"""Warms the lease store while Airflow is still preparing a protected task.
+
+A task process starts cold: its first lease call would open a Postgres connection (a new
+server backend) and plan the try's statements in it, about 10 ms before the body could start.
+Airflow parses the DAG file in the task process before it runs the task, and the cluster policy
+sees every task then; ``get_parsing_context()`` names the one this process is about to run.
+When that task is protected, ``start`` resolves the lease store, opens its connection and plans
+(``EXPLAIN``, nothing written) the acquire and the finish on a daemon thread
+(``LeaseStore.warm_up``), beside Airflow's own preparation (the rest of the parse, template
+rendering, its calls to the API server). The try's acquire then finds the connection open, or
+waits for the one being opened.
+
+Nothing happens in the dag processor (no task is named there), for other tasks, or with
+``[exactly_once] enabled = False``. A failure is only logged: the try's own acquire connects
+and decides (it defers while the store is unreachable).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from airflow_plugins import config
+
+log = logging.getLogger(__name__)
+
+_started = False
+_lock = threading.Lock()
+
+
+def runs_here(task: Any) -> bool:
+    """Whether this process parsed the DAG file to run ``task`` (a task runner's parse)."""
+    from airflow.sdk import get_parsing_context
+
+    context = get_parsing_context()
+    dag = getattr(task, "dag", None)
+    return (
+        context.task_id is not None
+        and context.task_id == getattr(task, "task_id", None)
+        and context.dag_id == getattr(dag, "dag_id", None)
+    )
+
+
+def start(conn_id: str | None = None) -> threading.Thread | None:
+    """Starts warming the lease store of this process's protected task (once per process).
+
+    Args:
+        conn_id: the task's own lease-store Connection (None: the configured store).
+
+    Returns:
+        The thread resolving the store and starting its warm-up, or None when it was started
+        before or protection is off.
+    """
+    global _started
+    with _lock:
+        if _started or not config.enabled():
+            return None
+        _started = True
+    thread = threading.Thread(
+        target=_warm, args=(conn_id,), name="exactly-once-warm-up", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _warm(conn_id: str | None) -> None:
+    try:
+        config.task_lease_store(conn_id).warm_up()
+    except Exception as exc:  # the try's own acquire reports what is wrong
+        log.info("exactly-once: warming the lease store failed: %s", exc)
