@@ -19,6 +19,10 @@ wrapped task; use ``ExactlyOnceOperator`` / ``@exactly_once_task`` with ``sink_c
 that matters. A mapped task (``.expand``) is wrapped when it has a ``map_index_template`` (each
 instance is keyed on it: a tenant id, not a position); without one it is left unprotected, with
 a warning. Other operators are left as they are, with a warning.
+
+In the task process about to run a protected task (an ``ExactlyOnceOperator``, an
+``@exactly_once_task`` or a task wrapped here), the policy also starts warming that task's lease
+store (``airflow_plugins.prewarm``), since it is the first plugin code to see the task there.
 """
 
 from __future__ import annotations

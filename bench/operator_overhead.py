@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
                                                 [--admin-dsn postgresql://postgres@127.0.0.1:5432/postgres]
-                                                [--pgbouncer]
+                                                [--parallelism 8] [--pgbouncer] [--profile DIR]
 
 It starts one Airflow stack (two schedulers with LocalExecutor, api-server, dag-processor,
 triggerer; ports ``--port-base`` .. +7) on fresh databases of the given server (metadata and
@@ -17,7 +17,9 @@ Measured:
 
 * inside each task (``overhead_noop.py``'s stopwatch): the plugin's time = ``execute`` minus
   the body, plus every listener hook in the task process: p50 / p99 for each kind; the time
-  the plugin adds is the protected kind's;
+  the plugin adds is the protected kind's; also its CPU time, and apart from it the lease
+  store's warm-up (``airflow_plugins.prewarm``), which runs on its own thread before
+  ``execute`` while Airflow prepares the task (any wait for it inside ``execute`` is counted);
 * queued-to-done of each task (``queued_dttm`` to ``end_date``, REST API): p50 / p99 per kind;
 * throughput of a batch = tasks / (last ``end_date`` - first ``queued_dttm``); the ratio is
   protected over plain, pooled over the pairs, with a 95% bootstrap interval over pairs (and
@@ -27,6 +29,11 @@ Measured:
 port ``--port-base`` + 10, the ``pgbouncer`` binary must be installed) between the tasks and
 the lease store: a task process then connects to the pooler instead of starting a new Postgres
 backend, whose start-up and first calls of the lease functions are most of a cold task's cost.
+
+``--parallelism`` is ``[core] parallelism``, the tasks running at once. Above the machine's
+cores, a task's wall time includes waiting for a core at each wake-up (after each round trip
+to Postgres): the plain kind's nearly empty path shows how much. ``--profile DIR`` writes a
+cProfile of each task's ``execute`` (``pstats`` files; slows the tasks, so not for figures).
 
 Progress goes to stderr; the last line of stdout is one JSON object. Targets: <= 10 ms added
 at p50, <= 50 ms at p99, throughput ratio >= 0.97.
