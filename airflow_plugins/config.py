@@ -67,6 +67,7 @@ OPTIONS: dict[str, Option] = {
         Option("opt_in_tag", str, "exactly-once", "DAG tag that opts a DAG into the policy"),
         Option("horizon_days", int, "400", "retention horizon of the lease store, days"),
         Option("wait_poll_interval", float, "5", "seconds between checks while deferred"),
+        Option("wait_at_least", float, "10", "seconds a deferred task waits before resuming"),
         Option("router", str, "", "module:attribute of the Router deciding the engine"),
     )
 }
@@ -114,6 +115,16 @@ def horizon_days() -> int:
 def wait_poll_interval() -> float:
     """Seconds between lease-store checks of a deferred, waiting task."""
     return max(0.2, _number("wait_poll_interval", float))
+
+
+def wait_at_least() -> float:
+    """Seconds a deferred protected task waits at least before its trigger fires.
+
+    Airflow 3.3 fails a deferred try resumed before the scheduler has handled the executor's
+    event of the process that deferred (apache/airflow#71580, #72716): a trigger firing at once
+    would cost the resumed try a retry, or the task with none left.
+    """
+    return max(0.0, _number("wait_at_least", float))
 
 
 def router_path() -> str:

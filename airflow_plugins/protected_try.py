@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -400,7 +401,9 @@ def run_try(
         log.warning("exactly-once: %s: lease store unreachable, waiting: %s", target.key, exc)
         task.defer(
             trigger=LeaseStoreReachableTrigger(
-                poll_interval=config.wait_poll_interval(), conn_id=protection.lease_conn_id
+                poll_interval=config.wait_poll_interval(),
+                conn_id=protection.lease_conn_id,
+                not_before=time.time() + config.wait_at_least(),
             ),
             method_name=protection.resume_method,
         )
@@ -421,6 +424,7 @@ def run_try(
                 token=got.token or 0,
                 poll_interval=config.wait_poll_interval(),
                 conn_id=protection.lease_conn_id,
+                not_before=time.time() + config.wait_at_least(),
             ),
             method_name=protection.resume_method,
         )

@@ -5,12 +5,18 @@ released) or has expired (the holder died: a takeover is due). ``LeaseStoreReach
 waits until the lease store answers again. Both fire one event; the task then acquires again,
 so the database, not the trigger, decides who runs. The store is polled in a worker thread
 (psycopg's sync pool), never on the triggerer's event loop.
+
+Neither fires before ``not_before`` (``[exactly_once] wait_at_least`` after the task deferred,
+an absolute time, so a triggerer restart does not start it over): Airflow 3.3 fails a deferred
+try resumed before the scheduler has handled the executor's event of the process that deferred
+(apache/airflow#71580, #72716), which would cost the resumed try a retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +36,12 @@ def _store(dsn: str | None, conn_id: str | None = None) -> LeaseStore:
     )
 
 
+async def _not_before(moment: float | None) -> None:
+    """Sleeps until ``moment`` (epoch seconds), if it is still ahead."""
+    if moment is not None and (ahead := moment - time.time()) > 0:
+        await asyncio.sleep(ahead)
+
+
 class LeaseReleasedTrigger(BaseTrigger):
     """Fires when the lease of ``key`` is no longer held by a live holder.
 
@@ -41,6 +53,7 @@ class LeaseReleasedTrigger(BaseTrigger):
             no credentials travel in the trigger's stored arguments).
         conn_id: the task's own lease-store Connection, if it has one (resolved in the
             triggerer).
+        not_before: epoch seconds before which it does not fire (see the module).
     """
 
     def __init__(
@@ -50,6 +63,7 @@ class LeaseReleasedTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         dsn: str | None = None,
         conn_id: str | None = None,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.key = key
@@ -57,6 +71,7 @@ class LeaseReleasedTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.dsn = dsn
         self.conn_id = conn_id
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and arguments that rebuild this trigger in the triggerer."""
@@ -68,6 +83,7 @@ class LeaseReleasedTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "dsn": self.dsn,
                 "conn_id": self.conn_id,
+                "not_before": self.not_before,
             },
         )
 
@@ -85,6 +101,7 @@ class LeaseReleasedTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Polls until the lease is free or expired, then yields one event."""
+        await _not_before(self.not_before)
         while True:
             try:
                 state = await asyncio.to_thread(self._state)
@@ -108,21 +125,32 @@ class LeaseStoreReachableTrigger(BaseTrigger):
         poll_interval: seconds between checks.
         dsn: the lease store's DSN (default: the configured one, resolved in the triggerer).
         conn_id: the task's own lease-store Connection, if it has one.
+        not_before: epoch seconds before which it does not fire (see the module).
     """
 
     def __init__(
-        self, poll_interval: float = 5.0, dsn: str | None = None, conn_id: str | None = None
+        self,
+        poll_interval: float = 5.0,
+        dsn: str | None = None,
+        conn_id: str | None = None,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.poll_interval = poll_interval
         self.dsn = dsn
         self.conn_id = conn_id
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and arguments that rebuild this trigger in the triggerer."""
         return (
             "airflow_plugins.triggers.LeaseStoreReachableTrigger",
-            {"poll_interval": self.poll_interval, "dsn": self.dsn, "conn_id": self.conn_id},
+            {
+                "poll_interval": self.poll_interval,
+                "dsn": self.dsn,
+                "conn_id": self.conn_id,
+                "not_before": self.not_before,
+            },
         )
 
     def _reachable(self) -> bool:
@@ -135,6 +163,7 @@ class LeaseStoreReachableTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Polls until the store answers, then yields one event."""
+        await _not_before(self.not_before)
         while True:
             try:
                 reachable = await asyncio.to_thread(self._reachable)

@@ -83,6 +83,8 @@ def plugin_env(monkeypatch: pytest.MonkeyPatch, lease_db: str, sink_db: str) -> 
     monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__TTL", "5")
     monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__HEARTBEAT", "0.5")
     monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__WAIT_POLL_INTERVAL", "0.2")
+    # no scheduler here to race a quick resume (wait_at_least has tests of its own)
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__WAIT_AT_LEAST", "0")
     monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
     return {"lease": lease_db, "sink": sink_db}
 

@@ -214,14 +214,17 @@ def test_unreachable_store_defers_and_never_runs_the_body(
         "AIRFLOW__EXACTLY_ONCE__LEASE_DSN",
         f"host=127.0.0.1 port={closed_port()} user=postgres dbname=x connect_timeout=1",
     )
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__WAIT_AT_LEAST", "12")
     body = Billing()
     op = _operator(body)
+    deferred_at = time.time()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(task_context(op, logical_date=NIGHT))
     assert isinstance(deferred.value.trigger, LeaseStoreReachableTrigger)
-    assert deferred.value.trigger.serialize()[0] == (
-        "airflow_plugins.triggers.LeaseStoreReachableTrigger"
-    )
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert classpath == "airflow_plugins.triggers.LeaseStoreReachableTrigger"
+    # it resumes no sooner than [exactly_once] wait_at_least after deferring
+    assert deferred_at + 12 <= kwargs["not_before"] <= time.time() + 12
     assert body.calls == 0
     assert _charges(plugin_env["sink"]) == []
 

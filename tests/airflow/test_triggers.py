@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,7 +33,14 @@ def test_serialize_returns_the_exact_classpath_and_round_trips() -> None:
     released = LeaseReleasedTrigger(key=KEY, token=7, poll_interval=0.5)
     assert released.serialize() == (
         "airflow_plugins.triggers.LeaseReleasedTrigger",
-        {"key": KEY, "token": 7, "poll_interval": 0.5, "dsn": None, "conn_id": None},
+        {
+            "key": KEY,
+            "token": 7,
+            "poll_interval": 0.5,
+            "dsn": None,
+            "conn_id": None,
+            "not_before": None,
+        },
     )
     assert _rebuilt(released).serialize() == released.serialize()
     own = LeaseReleasedTrigger(key=KEY, token=7, conn_id="team_leases")
@@ -41,9 +49,11 @@ def test_serialize_returns_the_exact_classpath_and_round_trips() -> None:
     reachable = LeaseStoreReachableTrigger(poll_interval=2.0)
     assert reachable.serialize() == (
         "airflow_plugins.triggers.LeaseStoreReachableTrigger",
-        {"poll_interval": 2.0, "dsn": None, "conn_id": None},
+        {"poll_interval": 2.0, "dsn": None, "conn_id": None, "not_before": None},
     )
     assert _rebuilt(reachable).serialize() == reachable.serialize()
+    later = LeaseStoreReachableTrigger(not_before=1_900_000_000.5)
+    assert _rebuilt(later).serialize()[1]["not_before"] == 1_900_000_000.5
 
 
 async def _first_event(trigger: Any, *, quiet_for: float, then: Any, timeout: float = 20) -> Any:
@@ -177,3 +187,24 @@ def test_triggers_report_a_missing_configuration_instead_of_waiting_forever(
     assert "missing_conn" in released.payload["error"]
     reachable = asyncio.run(first(LeaseStoreReachableTrigger(poll_interval=0.1)))
     assert reachable.payload["status"] == "error"
+
+
+def test_a_released_lease_does_not_fire_before_not_before(lease_db: str) -> None:
+    # Airflow 3.3 fails a deferred try resumed too soon: the wait lasts at least until
+    # not_before, even when the lease is free from the start
+    with LeaseStore(lease_db, ttl=30) as store:
+        lease = store.acquire(KEY, Holder.process("holder")).lease
+        store.complete(lease, {"ok": 1})
+        trigger = LeaseReleasedTrigger(
+            key=KEY,
+            token=lease.token,
+            poll_interval=0.1,
+            dsn=lease_db,
+            not_before=time.time() + 1.5,
+        )
+
+        async def nothing() -> None:
+            return None
+
+        event = asyncio.run(_first_event(trigger, quiet_for=1.0, then=nothing))
+    assert event.payload["state"] == "succeeded"
