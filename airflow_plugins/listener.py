@@ -138,6 +138,15 @@ def record_dag_run(dag_run: Any, event: str) -> None:
     if store is None:
         return
     key = str(lease_key(dag_run.dag_id, DAG_RUN_TASK, business_date))
+    # read and record under the key's lock: two schedulers firing at once, or two runs of the
+    # date starting together, each see the other's row
+    with store.serialized(key):
+        _record_dag_run_event(store, key, dag_run, event, business_date)
+
+
+def _record_dag_run_event(
+    store: LeaseStore, key: str, dag_run: Any, event: str, business_date: str
+) -> None:
     runs = _runs_by_state(store.history(key))
     if runs.get(dag_run.run_id) == event:
         return  # this hook already fired for this run and state

@@ -193,6 +193,8 @@ class LeaseStore:
         self._connections = StoreConnections(
             conninfo, pool_size=pool_size, connect_timeout=connect_timeout
         )
+        # the connection of a serialized() block, for calls made on that block's thread
+        self._serializing = threading.local()
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -205,8 +207,35 @@ class LeaseStore:
         Raises:
             LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
         """
+        held: psycopg.Connection[dict[str, Any]] | None = getattr(self._serializing, "conn", None)
+        if held is not None:
+            yield held
+            return
         with self._connections.connection() as conn:
             yield conn
+
+    @contextmanager
+    def serialized(self, key: str) -> Iterator[LeaseStore]:
+        """One transaction holding ``key``'s advisory lock, for a read-then-record of its audit.
+
+        Observers that read a key's history and then record on it (the listener's DAG-run
+        events, which two schedulers may fire at once) see each other's rows instead of both
+        deciding from the same history. Lease transitions do not take this lock: they lock the
+        lease row. Calls on this store made on this thread inside the block run in the
+        transaction and commit together at its end.
+
+        Raises:
+            InvalidLeaseInput: a bad key.
+            LeaseStoreUnavailable: the store did not answer (nothing was recorded).
+        """
+        check_key(key)
+        with self._connections.connection() as conn, conn.transaction():
+            conn.execute(query("lock_key"), {"key": key})
+            self._serializing.conn = conn
+            try:
+                yield self
+            finally:
+                self._serializing.conn = None
 
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.connection() as conn:

@@ -8,6 +8,7 @@ failed try's lease on its behalf, idempotence, and never raising.
 from __future__ import annotations
 
 import inspect
+import threading
 from datetime import UTC, date, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -106,6 +107,42 @@ def test_dag_runs_are_audited_and_a_second_run_of_a_date_is_flagged(
     assert flagged["actor"] == "bob"
     assert "scheduled__2024-02-15 (running)" in flagged["reason"]
     assert [r["event"] for r in by_date] == ["duplicate_run"]
+
+
+def test_runs_starting_together_are_recorded_once_each_and_flagged_once(
+    plugin_env: dict[str, str],
+) -> None:
+    # two schedulers fire the hooks of two runs of one date at the same moment, twice each
+    dag = _dag(["exactly-once"])
+    days = [date(2024, 3, d) for d in range(1, 11)]
+    for day in days:
+        runs = [
+            _dag_run(f"{name}__{day}", dag, logical_date=None, conf={"business_date": str(day)})
+            for name in ("scheduled", "manual")
+        ]
+        barrier = threading.Barrier(8)
+
+        def fire(run: SimpleNamespace, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            listener.on_dag_run_running(dag_run=run, msg="started")
+
+        threads = [threading.Thread(target=fire, args=(runs[i % 2],)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    with LeaseStore(plugin_env["lease"]) as store:
+        for day in days:
+            events = sorted(
+                (r["event"], r["holder"]["run_id"])
+                for r in store.history(f"billing_nightly/_dag_run/{day}")
+            )
+            flagged = [run for event, run in events if event == "duplicate_run"]
+            assert [e for e in events if e[0] == "dag_run_running"] == [
+                ("dag_run_running", f"manual__{day}"),
+                ("dag_run_running", f"scheduled__{day}"),
+            ]
+            assert len(flagged) == 1  # whichever started second
 
 
 def test_a_run_after_a_succeeded_run_is_flagged_but_not_after_a_failed_one(

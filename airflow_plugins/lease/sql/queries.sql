@@ -102,6 +102,11 @@ SELECT runlease.approve_rerun(%(key)s, %(business_date)s, %(actor)s, %(reason)s)
 -- name: fail_on_behalf
 SELECT * FROM runlease.fail_on_behalf(%(key)s, %(match)s, %(actor)s, %(reason)s);
 
+-- name: lock_key
+-- Held to the end of the caller's transaction (LeaseStore.serialized); the lease row's own lock
+-- is not used, so lease transitions never wait for an observer.
+SELECT pg_advisory_xact_lock(hashtextextended('runlease.key:' || %(key)s::text, 0));
+
 -- name: record
 SELECT runlease.record(%(key)s, %(event)s, %(token)s, %(holder)s, %(attempt)s,
                        %(business_date)s, %(input)s, %(output)s, %(duration_ms)s,
