@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import pytest
 
-from airflow_plugins.lease import Holder, LeaseKeeper, LeaseLost, LeaseStore, Outcome
+from airflow_plugins.lease import Holder, Lease, LeaseKeeper, LeaseLost, LeaseStore, Outcome
 from tests.lease.ports import closed_port
 from tests.lease.waiting import wait_for
 
@@ -34,6 +36,38 @@ def test_the_keeper_moves_the_expiry_forward_and_others_stay_out(store: LeaseSto
     assert not keeper.lost
     assert lost == []
     store.complete(lease, {"ok": True})
+
+
+def test_stop_waits_for_a_renewal_in_flight_and_none_starts_after(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stop() does not join the keeper's thread: it must still leave no renewal running that
+    # could land after the caller completes the lease (and then declare it lost)
+    lease = store.acquire(KEY, _holder(1), ttl=5.0).lease
+    real_renew = store.renew
+    ended: list[float] = []
+    in_flight = threading.Event()
+
+    def slow_renew(lease: Lease, **kwargs: Any) -> Any:
+        in_flight.set()
+        time.sleep(0.3)
+        try:
+            return real_renew(lease, **kwargs)
+        finally:
+            ended.append(time.monotonic())
+
+    monkeypatch.setattr(store, "renew", slow_renew)
+    keeper = LeaseKeeper(store, lease, interval=0.05).start()
+    assert in_flight.wait(timeout=10)
+    keeper.stop()
+    stopped = time.monotonic()
+    assert ended
+    assert ended[-1] <= stopped  # the renewal in flight ended before stop returned
+    renewals = len(ended)
+    time.sleep(0.5)
+    assert len(ended) == renewals  # and none started after it
+    store.complete(lease, {"ok": True})  # still this holder's lease
+    assert not keeper.lost
 
 
 def test_a_force_release_is_noticed_and_on_lost_is_called_once(store: LeaseStore) -> None:
