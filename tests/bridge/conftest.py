@@ -25,6 +25,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from airflow_plugins.demo.stack import wait_until
 from airflow_plugins.lease import LeaseStore
 from bridge.activities import BridgeActivities
 from bridge.catalog import TaskCatalog
@@ -184,11 +185,4 @@ def kill_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> No
 
 def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     """Polls ``condition`` until it is truthy (generous deadlines: the machine is shared)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
+    return wait_until(condition, timeout=timeout, interval=0.2, what=what)

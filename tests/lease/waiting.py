@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from airflow_plugins.demo.stack import wait_until
 
 T = TypeVar("T")
 
@@ -15,11 +16,5 @@ def wait_for(condition: Callable[[], T], *, timeout: float = 30.0, every: float 
     Raises:
         TimeoutError: the condition stayed falsy for ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout} s: {condition}")
-        time.sleep(every)
+    value: T = wait_until(condition, timeout=timeout, interval=every, what=str(condition))
+    return value
