@@ -2,14 +2,15 @@
 
     .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
                                                 [--admin-dsn postgresql://postgres@127.0.0.1:5432/postgres]
-                                                [--parallelism 8] [--pgbouncer] [--profile DIR]
+                                                [--parallelism 8] [--schedulers 1] [--pgbouncer]
+                                                [--profile DIR]
 
-It starts one Airflow stack (two schedulers with LocalExecutor, api-server, dag-processor,
-triggerer; ports ``--port-base`` .. +7) on fresh databases of the given server (metadata and
-lease store, dropped at the end), with two DAGs of the same mapped no-op task
-(``bench/operator_overhead_dags``): ``eo_bench_protected`` (the plugin enabled) and
+It starts one Airflow stack (``--schedulers`` schedulers with LocalExecutor, default one;
+api-server, dag-processor, triggerer; ports ``--port-base`` .. +7) on fresh databases of the
+given server (metadata and lease store, dropped at the end), with two DAGs of the same mapped
+no-op task (``bench/operator_overhead_dags``): ``eo_bench_protected`` (the plugin enabled) and
 ``eo_bench_plain`` (the plugin's ``enabled`` switch off in its task processes: no lease, no
-fence, the listener's task hooks return at once). Batches of ``--batch`` tasks alternate
+fence, no warm-up, the listener's task hooks return at once). Batches of ``--batch`` tasks alternate
 between the two kinds (protected first in even pairs, plain first in odd ones), each batch alone
 on the stack, until each kind has run ``--tasks`` tasks (one uncounted warm-up pair first).
 
@@ -23,7 +24,19 @@ Measured:
 * queued-to-done of each task (``queued_dttm`` to ``end_date``, REST API): p50 / p99 per kind;
 * throughput of a batch = tasks / (last ``end_date`` - first ``queued_dttm``); the ratio is
   protected over plain, pooled over the pairs, with a 95% bootstrap interval over pairs (and
-  the per-pair t-interval).
+  the per-pair t-interval). One scheduler by default: with two, a batch's tasks run 2 to 4 at
+  once depending on how the schedulers happen to split them, and a batch's makespan varies
+  more with that than with anything a task does;
+* each task's own time in its executor slot, ``start_date`` (its supervisor has forked the
+  task process and told the API server; the DAG file is not parsed yet) to ``end_date`` (its
+  final state is recorded): the parse with the warm-up, ``execute`` and the XCom push, p50 /
+  p99 / mean per kind, and the ratio of the means (plain over protected). It leaves out what
+  every task costs the cluster besides (the schedulers' loop, the executor's hand-over), so
+  it bounds the throughput ratio from below;
+* the lease store's server CPU per protected try (its backend's start, the warm-up's plans,
+  acquire, complete), measured at the end on the same server by 200 tries of the store's own
+  calls, from the backend's ``/proc/<pid>/schedstat`` (null when the server is elsewhere): a
+  cost the tasks' own figures do not show.
 
 ``--pgbouncer`` puts a PgBouncer (transaction pooling, as ``docs/operating.md`` recommends;
 port ``--port-base`` + 10, the ``pgbouncer`` binary must be installed) between the tasks and
@@ -69,7 +82,7 @@ from airflow_plugins.demo.deployment import (
     drop_database,
 )
 from airflow_plugins.demo.stack import ADMIN_USER, AirflowStack, wait_until
-from airflow_plugins.lease import LEASE_STORE, migrate
+from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
 
 DAGS = Path(__file__).resolve().parent / "operator_overhead_dags"
 PROTECTED, PLAIN = "eo_bench_protected", "eo_bench_plain"
@@ -179,9 +192,11 @@ class Bench:
         *,
         pgbouncer: bool = False,
         parallelism: int = 8,
+        schedulers: int = 1,
         profile_dir: str | None = None,
     ) -> None:
         self.admin_dsn = admin_dsn
+        self.schedulers = schedulers
         self.parallelism = parallelism
         self.profile_dir = profile_dir
         self.use_pgbouncer = pgbouncer
@@ -224,6 +239,7 @@ class Bench:
             }
             | ({"EO_BENCH_PROFILE": self.profile_dir} if self.profile_dir else {}),
             port_base=self.port_base,
+            schedulers=self.schedulers,
         )
         say(f"starting Airflow on ports {self.port_base}-{self.port_base + 7}")
         self.stack.start(timeout=300)
@@ -262,12 +278,14 @@ class Bench:
         if run["state"] != "success" or bad or len(tis) != self.batch:
             raise RuntimeError(f"{dag_id} {run_id}: {run['state']}, {len(tis)} tasks, bad {bad}")
         queued = [_ts(t["queued_when"]) for t in tis]
+        started = [_ts(t["start_date"]) for t in tis]
         ended = [_ts(t["end_date"]) for t in tis]
         makespan = (max(ended) - min(queued)).total_seconds()
         return {
             "dag_id": dag_id,
             "run_id": run_id,
             "queued_to_done": [(e - q).total_seconds() for q, e in zip(queued, ended, strict=True)],
+            "slot": [(e - s).total_seconds() for s, e in zip(started, ended, strict=True)],
             "makespan": makespan,
         }
 
@@ -290,6 +308,32 @@ class Bench:
             found.setdefault((dag_id, run_id), []).append(parts)
         return found
 
+    def server_cpu_per_try(self, tries: int = 200) -> list[float] | None:
+        """Milliseconds of lease-store server CPU one protected try costs (its backend's
+        start, the warm-up's plans, acquire, complete), measured by the backend's own CPU time
+        (``/proc/<pid>/schedstat``); None when the server is not on this host."""
+        store_dsn = self.lease_dsn
+        spent: list[float] = []
+        holder = Holder.process("eo-bench-server-cpu")
+        for n in range(tries):
+            store = LeaseStore(store_dsn)
+            try:
+                with store.connection() as conn:
+                    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+                assert row is not None
+                pid = row["pid"]
+                store.warm_up().join()
+                got = store.acquire(f"eo-bench/server-cpu/{n}", holder)
+                store.complete(got.lease, n)
+                try:
+                    ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+                except OSError:
+                    return None
+                spent.append(ns / 1e6)
+            finally:
+                store.close()
+        return spent
+
 
 def bootstrap_ratio(
     pairs: Sequence[tuple[float, float]], rounds: int = 10_000
@@ -303,12 +347,14 @@ def bootstrap_ratio(
     return percentile(ratios, 0.025), percentile(ratios, 0.975)
 
 
-def summarise(bench: Bench, batches: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+def summarise(
+    bench: Bench, batches: list[dict[str, Any]], warmup: int, server_cpu: list[float] | None
+) -> dict[str, Any]:
     """Every figure of the run (warm-up batches excluded)."""
     counted = batches[2 * warmup :]
     inside = bench.timings()
     by_kind: dict[str, dict[str, list[float]]] = {
-        d: {"plugin_ms": [], "queued_to_done_s": []} for d in (PROTECTED, PLAIN)
+        d: {"plugin_ms": [], "queued_to_done_s": [], "slot_s": []} for d in (PROTECTED, PLAIN)
     }
     parts_ms: dict[str, list[float]] = {}
     for b in counted:
@@ -317,6 +363,7 @@ def summarise(bench: Bench, batches: list[dict[str, Any]], warmup: int) -> dict[
             raise RuntimeError(f"{b['run_id']}: {len(tasks)} timing rows for {bench.batch} tasks")
         by_kind[b["dag_id"]]["plugin_ms"].extend(t["plugin"] * 1000 for t in tasks)
         by_kind[b["dag_id"]]["queued_to_done_s"].extend(b["queued_to_done"])
+        by_kind[b["dag_id"]]["slot_s"].extend(b["slot"])
         if b["dag_id"] == PROTECTED:
             for t in tasks:
                 for part, seconds in t.items():
@@ -336,6 +383,7 @@ def summarise(bench: Bench, batches: list[dict[str, Any]], warmup: int) -> dict[
         "lease_store_via": "pgbouncer (transaction mode)" if bench.use_pgbouncer else "direct",
         "tasks_per_kind": len(added),
         "parallelism": bench.parallelism,
+        "schedulers": bench.schedulers,
         "batch": bench.batch,
         "pairs": len(pairs),
         "added_in_task_ms": {
@@ -376,6 +424,27 @@ def summarise(bench: Bench, batches: list[dict[str, Any]], warmup: int) -> dict[
             "protected": round(bench.batch * len(pairs) / sum(q for q, _ in pairs), 3),
             "plain": round(bench.batch * len(pairs) / sum(p for _, p in pairs), 3),
         },
+        "slot_s": {
+            kind: {
+                "p50": round(percentile(v["slot_s"], 0.5), 4),
+                "p99": round(percentile(v["slot_s"], 0.99), 4),
+                "mean": round(statistics.fmean(v["slot_s"]), 4),
+            }
+            for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
+        },
+        # the tasks' own slot time only: a lower bound of the throughput ratio
+        "slot_time_ratio": round(
+            statistics.fmean(by_kind[PLAIN]["slot_s"])
+            / statistics.fmean(by_kind[PROTECTED]["slot_s"]),
+            4,
+        ),
+        "lease_store_server_cpu_ms": None
+        if server_cpu is None
+        else {
+            "p50": round(percentile(server_cpu, 0.5), 2),
+            "p99": round(percentile(server_cpu, 0.99), 2),
+            "mean": round(statistics.fmean(server_cpu), 2),
+        },
         "throughput_ratio": round(ratio, 4),
         "throughput_ratio_ci95_bootstrap": [round(low, 4), round(high, 4)],
         "throughput_ratio_per_pair_mean_ci95_t": [round(mean - half, 4), round(mean + half, 4)],
@@ -406,6 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--parallelism", type=int, default=8, help="[core] parallelism: tasks running at once"
     )
     parser.add_argument(
+        "--schedulers", type=int, choices=(1, 2), default=1, help="schedulers to start"
+    )
+    parser.add_argument(
         "--profile",
         metavar="DIR",
         help="write a cProfile of each protected task's execute to DIR (slows the tasks: "
@@ -420,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.port_base,
         pgbouncer=args.pgbouncer,
         parallelism=args.parallelism,
+        schedulers=args.schedulers,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
     )
     # SIGTERM ends the run through the finally below, which stops the stack it started
@@ -437,7 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"in {batches[-1]['makespan']:.1f}s"
                     + (" (warm-up)" if n < args.warmup_pairs else "")
                 )
-        figures = summarise(bench, batches, args.warmup_pairs)
+        say("lease-store server CPU of a protected try (200 tries, Airflow idle)")
+        figures = summarise(bench, batches, args.warmup_pairs, bench.server_cpu_per_try())
     finally:
         bench.stop()
     figures["wall_s"] = round(time.monotonic() - started, 1)

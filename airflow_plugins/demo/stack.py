@@ -139,6 +139,7 @@ class AirflowStack:
         extra_env: more ``AIRFLOW__SECTION__KEY`` settings (e.g. the plugin's section).
         home: AIRFLOW_HOME (default: a new temporary folder, removed by ``stop``).
         port_base: first of 8 ports to listen on (default: a free block in 28000-28999).
+        schedulers: how many schedulers to start (1 or 2).
     """
 
     def __init__(
@@ -150,7 +151,11 @@ class AirflowStack:
         extra_env: Mapping[str, str] | None = None,
         home: Path | None = None,
         port_base: int | None = None,
+        schedulers: int = len(SCHEDULERS),
     ) -> None:
+        if not 1 <= schedulers <= len(SCHEDULERS):
+            raise ValueError(f"schedulers must be 1..{len(SCHEDULERS)}, not {schedulers}")
+        self.schedulers = SCHEDULERS[:schedulers]
         self.metadata_dsn = metadata_dsn
         self.dag_folders = {name: Path(path).resolve() for name, path in dag_folders.items()}
         self.connections = dict(connections or {})
@@ -251,7 +256,7 @@ class AirflowStack:
         self.airflow("db", "migrate", timeout=120)
         self.start_component("api-server", "api-server", "--port", str(self.api_port))
         self.start_component("dag-processor", "dag-processor")
-        for name in SCHEDULERS:
+        for name in self.schedulers:
             self.start_scheduler(name)
         self.start_component(
             "triggerer",
