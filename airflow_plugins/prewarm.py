@@ -4,11 +4,11 @@ A task process starts cold: its first lease call would open a Postgres connectio
 server backend) and plan the try's statements in it, about 10 ms before the body could start.
 Airflow parses the DAG file in the task process before it runs the task, and the cluster policy
 sees every task then; ``get_parsing_context()`` names the one this process is about to run.
-When that task is protected, ``start`` resolves the lease store, opens its connection and plans
-(``EXPLAIN``, nothing written) the acquire and the finish on a daemon thread
-(``LeaseStore.warm_up``), beside Airflow's own preparation (the rest of the parse, template
-rendering, its calls to the API server). The try's acquire then finds the connection open, or
-waits for the one being opened.
+When that task is protected, ``start`` resolves the lease store, opens its connection and
+prepares the acquire and the finish without writing anything (``LeaseStore.warm_up``), and reads
+the plugin's options (``config.preload``), on a daemon thread, beside Airflow's own
+preparation (the rest of the parse, template rendering, its calls to the API server). The try's
+acquire then finds the connection open, or waits for the one being opened.
 
 Nothing happens in the dag processor (no task is named there), for other tasks, or with
 ``[exactly_once] enabled = False``. A failure is only logged: the try's own acquire connects
@@ -67,5 +67,6 @@ def start(conn_id: str | None = None) -> threading.Thread | None:
 def _warm(conn_id: str | None) -> None:
     try:
         config.task_lease_store(conn_id).warm_up()
+        config.preload()
     except Exception as exc:  # the try's own acquire reports what is wrong
         log.info("exactly-once: warming the lease store failed: %s", exc)

@@ -247,9 +247,11 @@ class LeaseStore:
             return cursor.execute(query(name), params).fetchall()
 
     def warm_up(self) -> threading.Thread:
-        """Opens the store's kept connection in the background and plans (``EXPLAIN``, nothing
-        is written) the statements of a holder's try, so its acquire and finish find the
-        connection open and the server's caches loaded. Calls made meanwhile wait for it.
+        """Opens the store's kept connection in the background and prepares a holder's try on
+        it without writing anything: plans the acquire (``EXPLAIN``) and runs the finish of a
+        token no lease has, so the try's acquire and finish find the connection open, the
+        server's caches loaded and psycopg's query and type caches filled. Calls made meanwhile
+        wait for it.
 
         Returns:
             The warming thread (a failure there is only logged; the next call reports it).
@@ -268,7 +270,11 @@ class LeaseStore:
             "error": "",
         }
         return self._connections.warm(
-            [(f"EXPLAIN {query(name)}", sample) for name in ("acquire", "finish")]
+            [
+                (f"EXPLAIN {query('acquire')}", sample),
+                # tokens start at 1: this finish matches no lease and writes no audit row
+                (query("finish"), sample | {"token": 0}),
+            ]
         )
 
     def close(self) -> None:

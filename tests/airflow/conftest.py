@@ -63,6 +63,7 @@ def _plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(ExecutorSafeguard, "test_mode", True)
     routing.register_router(None)
     monkeypatch.setattr(prewarm, "_started", False)
+    config._conf_cache.clear()
     yield
     routing.register_router(None)
     with config._stores_lock:

@@ -44,6 +44,22 @@ def test_options_are_read_when_asked_not_at_import(monkeypatch: pytest.MonkeyPat
         config.ttl()
 
 
+def test_an_option_follows_its_environment_variable_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert config.ttl() == 60.0  # the default, now kept for this process
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__TTL", "12")
+    assert config.ttl() == 12.0
+    monkeypatch.delenv("AIRFLOW__EXACTLY_ONCE__TTL")
+    assert config.ttl() == 60.0
+    # a value naming another variable is expanded, as Airflow does
+    monkeypatch.setenv("EO_TEST_LEASES", "leases_from_env")
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__LEASE_CONN_ID", "$EO_TEST_LEASES")
+    assert config.lease_conn_id() == "leases_from_env"
+    monkeypatch.setenv("EO_TEST_LEASES", "other_leases")
+    assert config.lease_conn_id() == "other_leases"
+
+
 def test_the_lease_store_dsn_comes_from_option_or_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -54,6 +70,11 @@ def test_the_lease_store_dsn_comes_from_option_or_connection(
     assert "host=db.internal" in dsn
     assert "port=6432" in dsn
     assert "dbname=leases" in dsn
+    # a changed Connection is read again
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_EXACTLY_ONCE_LEASES", "postgres://lease:s3cret@db2.internal:6432/leases"
+    )
+    assert "host=db2.internal" in config.lease_dsn(metastore=False)
     monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__LEASE_DSN", "postgresql://other/db")
     assert config.lease_dsn(metastore=False) == "postgresql://other/db"
 

@@ -133,7 +133,7 @@ def test_warm_up_opens_the_one_connection_and_writes_nothing(lease_db: str) -> N
                 "SELECT (SELECT count(*) FROM runlease.lease), "
                 "(SELECT count(*) FROM runlease.audit)"
             ).fetchone()
-        assert counts == (0, 0)  # EXPLAIN plans the acquire and the finish, runs neither
+        assert counts == (0, 0)  # the acquire is only planned; the finish of token 0 matches none
 
         got = store.acquire(f"warm/first/{DAY}", Holder.process("warm-test"))
         assert got.granted
