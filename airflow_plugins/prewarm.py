@@ -17,6 +17,7 @@ and decides (it defers while the store is unreachable).
 
 from __future__ import annotations
 
+import _thread
 import logging
 import threading
 from typing import Any
@@ -42,26 +43,26 @@ def runs_here(task: Any) -> bool:
     )
 
 
-def start(conn_id: str | None = None) -> threading.Thread | None:
+def start(conn_id: str | None = None) -> bool:
     """Starts warming the lease store of this process's protected task (once per process).
+
+    One thread resolves the store, opens and prepares its connection and reads the options.
+    It is started without waiting for it to run (``threading.Thread.start`` waits, a
+    millisecond or more on a busy host, and the parse is on the task's path).
 
     Args:
         conn_id: the task's own lease-store Connection (None: the configured store).
 
     Returns:
-        The thread resolving the store and starting its warm-up, or None when it was started
-        before or protection is off.
+        Whether it started now (False: started before, or protection is off).
     """
     global _started
     with _lock:
         if _started or not config.enabled():
-            return None
+            return False
         _started = True
-    thread = threading.Thread(
-        target=_warm, args=(conn_id,), name="exactly-once-warm-up", daemon=True
-    )
-    thread.start()
-    return thread
+    _thread.start_new_thread(_warm, (conn_id,))
+    return True
 
 
 def _warm(conn_id: str | None) -> None:

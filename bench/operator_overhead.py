@@ -47,7 +47,8 @@ backend, whose start-up and first calls of the lease functions are most of a col
 ``--parallelism`` is ``[core] parallelism``, the tasks running at once. Above the machine's
 cores, a task's wall time includes waiting for a core at each wake-up (after each round trip
 to Postgres): the plain kind's nearly empty path shows how much. ``--profile DIR`` writes a
-cProfile of each task's ``execute`` (``pstats`` files; slows the tasks, so not for figures).
+cProfile of each task's ``execute`` (``<pid>.pstats``) and of its warm-up thread
+(``warm-<pid>.pstats``); it slows the tasks, so it is for finding costs, not for figures.
 
 Progress goes to stderr; the last line of stdout is one JSON object. Targets: <= 10 ms added
 at p50, <= 50 ms at p99, throughput ratio >= 0.97; ``meets_targets`` says for the ratio
@@ -324,7 +325,7 @@ class Bench:
                     row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
                 assert row is not None
                 pid = row["pid"]
-                store.warm_up().join()
+                store.warm_up()
                 got = store.acquire(f"eo-bench/server-cpu/{n}", holder)
                 store.complete(got.lease, n)
                 try:

@@ -109,23 +109,17 @@ class StoreConnections:
         except psycopg.OperationalError as exc:
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
 
-    def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> threading.Thread:
-        """Opens the kept connection on a daemon thread and runs ``statements`` on it.
+    def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Opens the kept connection and runs ``statements`` on it, in the calling thread.
 
-        Meant for ``EXPLAIN``s of the hot statements: planning them loads the server's catalog
-        caches and psycopg's adapters, so the first real call finds everything warm. Calls made
-        meanwhile wait for this connection instead of opening another. A failure is only
-        logged: the first real call then connects itself and reports it.
-
-        Returns:
-            The started thread.
+        Meant for statements that write nothing but load what the hot ones need (the server's
+        catalog caches, psycopg's query and type caches), run on a thread of its own before
+        the real calls come. Calls made meanwhile from other threads wait for this connection
+        instead of opening another. A failure is only logged: the first real call then
+        connects itself and reports it.
         """
         self._warming.set()
-        thread = threading.Thread(
-            target=self._warm, args=(statements,), name="lease-store-warm", daemon=True
-        )
-        thread.start()
-        return thread
+        self._warm(statements)
 
     def _warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
         try:

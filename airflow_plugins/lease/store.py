@@ -246,15 +246,15 @@ class LeaseStore:
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(query(name), params).fetchall()
 
-    def warm_up(self) -> threading.Thread:
-        """Opens the store's kept connection in the background and prepares a holder's try on
-        it without writing anything: plans the acquire (``EXPLAIN``) and runs the finish of a
-        token no lease has, so the try's acquire and finish find the connection open, the
-        server's caches loaded and psycopg's query and type caches filled. Calls made meanwhile
-        wait for it.
+    def warm_up(self) -> None:
+        """Opens the store's kept connection and prepares a holder's try on it without writing
+        anything: plans the acquire (``EXPLAIN``) and runs the finish of a token no lease has,
+        so the try's acquire and finish find the connection open, the server's caches loaded
+        and psycopg's query and type caches filled.
 
-        Returns:
-            The warming thread (a failure there is only logged; the next call reports it).
+        Runs in the calling thread; call it from a thread of its own (``airflow_plugins.
+        prewarm``): calls made from other threads meanwhile wait for the connection it opens.
+        A failure is only logged; the next call reports it.
         """
         sample = {
             "key": "warm-up",
@@ -269,7 +269,7 @@ class LeaseStore:
             "output": "null",
             "error": "",
         }
-        return self._connections.warm(
+        self._connections.warm(
             [
                 (f"EXPLAIN {query('acquire')}", sample),
                 # tokens start at 1: this finish matches no lease and writes no audit row

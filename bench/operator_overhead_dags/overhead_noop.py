@@ -30,15 +30,14 @@ from typing import Any
 
 import psycopg
 
-from airflow_plugins import listener
+from airflow_plugins import listener, prewarm
 from airflow_plugins.fence_context import Fence
-from airflow_plugins.lease.connections import StoreConnections
 from airflow_plugins.operators import ExactlyOnceOperator
 
 TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0}
 _WARM: dict[str, float] = {}
 _unwrapped_guarded = listener._guarded
-_unwrapped_warm = StoreConnections._warm
+_unwrapped_warm = prewarm._warm
 
 
 def _record(ti: Any) -> None:
@@ -72,16 +71,24 @@ def _timed_guarded(what: str, action: Callable[[], None]) -> None:
 listener._guarded = _timed_guarded
 
 
-def _timed_warm(self: StoreConnections, statements: Any) -> None:
+def _timed_warm(conn_id: str | None) -> None:
+    profile_dir = os.environ.get("EO_BENCH_PROFILE")
+    profiler = cProfile.Profile() if profile_dir else None
     _WARM["started"], cpu = time.perf_counter(), time.thread_time()
     try:
-        _unwrapped_warm(self, statements)
+        if profiler is not None:
+            profiler.enable()
+        _unwrapped_warm(conn_id)
     finally:
+        if profiler is not None:
+            profiler.disable()
         _WARM["cpu"] = time.thread_time() - cpu
         _WARM["ended"] = time.perf_counter()
+        if profiler is not None and profile_dir:
+            profiler.dump_stats(os.path.join(profile_dir, f"warm-{os.getpid()}.pstats"))
 
 
-StoreConnections._warm = _timed_warm  # type: ignore[method-assign]
+prewarm._warm = _timed_warm
 
 
 class ExactlyOnceBenchNoop(ExactlyOnceOperator):

@@ -125,7 +125,7 @@ def test_a_renew_is_a_hot_update(store: LeaseStore, lease_db: str) -> None:
 
 def test_warm_up_opens_the_one_connection_and_writes_nothing(lease_db: str) -> None:
     with LeaseStore(lease_db, ttl=5.0) as store:
-        store.warm_up().join(timeout=10)
+        store.warm_up()
         warmed = store_backends(lease_db)
         assert len(warmed) == 1
         with psycopg.connect(lease_db, autocommit=True) as conn:
@@ -144,8 +144,13 @@ def test_warm_up_opens_the_one_connection_and_writes_nothing(lease_db: str) -> N
 def test_a_call_made_while_warming_waits_for_that_connection(lease_db: str) -> None:
     pool = connections.StoreConnections(lease_db, pool_size=4, connect_timeout=5.0)
     try:
-        # a warm-up that takes a while: the call below arrives while it still runs
-        warming = pool.warm([("SELECT pg_sleep(0.5)", {}), ("SELECT 1", {})])
+        # a warm-up that takes a while, on a thread of its own as the prewarm runs it: the
+        # call below arrives once it has connected, while it still runs
+        warming = threading.Thread(
+            target=pool.warm, args=([("SELECT pg_sleep(0.5)", {}), ("SELECT 1", {})],)
+        )
+        warming.start()
+        wait_for(lambda: store_backends(lease_db), timeout=10)
         started = time.monotonic()
         with pool.connection() as conn:
             pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
@@ -161,6 +166,6 @@ def test_a_call_made_while_warming_waits_for_that_connection(lease_db: str) -> N
 def test_a_failed_warm_up_is_quiet_and_the_call_reports_the_store_unreachable() -> None:
     dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere"
     with LeaseStore(dsn, ttl=5.0, connect_timeout=1.0) as store:
-        store.warm_up().join(timeout=10)
+        store.warm_up()
         with pytest.raises(LeaseStoreUnavailable):
             store.acquire(f"warm/unreachable/{DAY}", Holder.process("warm-test"))
