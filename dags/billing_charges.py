@@ -41,7 +41,8 @@ def prepare_sink(dsn: str) -> None:
     from airflow_plugins.lease import SINK_FENCE, migrate
 
     migrate(dsn, SINK_FENCE)
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        conn.execute(sql("schema_lock"))  # runs starting together create it once
         conn.execute(sql("billing_schema"))
 
 

@@ -31,6 +31,7 @@ def prepare(target: str) -> None:
     from airflow_plugins.lease import SINK_FENCE, migrate
 
     migrate(target, SINK_FENCE)
-    with psycopg.connect(target, autocommit=True) as conn:
+    with psycopg.connect(target) as conn, conn.transaction():
+        conn.execute(sql("schema_lock"))  # runs starting together create them once
         conn.execute(sql("billing_schema"))
         conn.execute(sql("warehouse_schema"))

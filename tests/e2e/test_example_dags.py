@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,29 @@ def test_dagbag_loads_every_example_without_import_errors(monkeypatch: pytest.Mo
     assert set(bag.dags) == EXAMPLES
     scenarios = DagBag(str(DAG_FOLDERS["scenarios"]))
     assert scenarios.import_errors == {}
+    for name in ("billing_charges", "warehouse"):
+        sys.modules.pop(name, None)
+
+
+def test_runs_that_start_together_create_the_example_tables_once(
+    monkeypatch: pytest.MonkeyPatch, empty_db: str
+) -> None:
+    # billing's prepare and the warehouse examples' (webhooks, rollup) ran at once on a new
+    # database, and CREATE ... IF NOT EXISTS raced in the catalog: a duplicate-key error
+    monkeypatch.syspath_prepend(str(DAG_FOLDERS["examples"]))
+    import billing_charges
+    import warehouse
+
+    steps = [billing_charges.prepare_sink, warehouse.prepare] * 4
+    with ThreadPoolExecutor(len(steps)) as pool:
+        for done in [pool.submit(step, empty_db) for step in steps]:
+            done.result()  # raises what the step raised
+    tables = _rows(
+        empty_db,
+        "SELECT count(*) FROM pg_tables WHERE schemaname IN "
+        "('billing', 'analytics', 'ml', 'webhooks')",
+    )[0][0]
+    assert tables >= 4
     for name in ("billing_charges", "warehouse"):
         sys.modules.pop(name, None)
 
