@@ -338,6 +338,17 @@ class Bench:
         return spent
 
 
+def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> dict[str, float]:
+    """p50 and p99 of ``values`` (and their mean), rounded for the JSON line."""
+    figures = {
+        "p50": round(percentile(values, 0.5), digits),
+        "p99": round(percentile(values, 0.99), digits),
+    }
+    if mean:
+        figures["mean"] = round(statistics.fmean(values), digits)
+    return figures
+
+
 def bootstrap_ratio(
     pairs: Sequence[tuple[float, float]], rounds: int = 10_000
 ) -> tuple[float, float]:
@@ -392,38 +403,24 @@ def summarise(
         "schedulers": bench.schedulers,
         "batch": bench.batch,
         "pairs": len(pairs),
-        "added_in_task_ms": {
-            "p50": round(percentile(added, 0.5), 2),
-            "p99": round(percentile(added, 0.99), 2),
-            "max": round(max(added), 2),
-        },
-        "added_in_task_cpu_ms": {
-            "p50": round(percentile(parts_ms.get("execute_cpu", [math.nan]), 0.5), 2),
-            "p99": round(percentile(parts_ms.get("execute_cpu", [math.nan]), 0.99), 2),
-        },
+        "added_in_task_ms": spread(added) | {"max": round(max(added), 2)},
+        "added_in_task_cpu_ms": spread(parts_ms.get("execute_cpu", [math.nan])),
         "added_in_task_parts_ms_p50": {
             part: round(percentile(v, 0.5), 2) for part, v in sorted(parts_ms.items())
         },
         # the lease store's warm-up, on its own thread before execute (not in the figures above
         # except for any part execute had to wait for)
-        "warm_up_overlapped_ms": {
-            "p50": round(percentile(parts_ms.get("warm_up", [math.nan]), 0.5), 2),
-            "p99": round(percentile(parts_ms.get("warm_up", [math.nan]), 0.99), 2),
+        "warm_up_overlapped_ms": spread(parts_ms.get("warm_up", [math.nan]))
+        | {
             "thread_cpu_p50": round(percentile(parts_ms.get("warm_up_cpu", [math.nan]), 0.5), 2),
             "tasks_warmed": len(parts_ms.get("warm_up", [])),
             "tasks_execute_waited": sum(
                 1 for v in parts_ms.get("warm_up_after_execute_start", []) if v > 0
             ),
         },
-        "plain_plugin_in_task_ms": {
-            "p50": round(percentile(by_kind[PLAIN]["plugin_ms"], 0.5), 3),
-            "p99": round(percentile(by_kind[PLAIN]["plugin_ms"], 0.99), 3),
-        },
+        "plain_plugin_in_task_ms": spread(by_kind[PLAIN]["plugin_ms"], 3),
         "queued_to_done_s": {
-            kind: {
-                "p50": round(percentile(v["queued_to_done_s"], 0.5), 3),
-                "p99": round(percentile(v["queued_to_done_s"], 0.99), 3),
-            }
+            kind: spread(v["queued_to_done_s"], 3)
             for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
         },
         "throughput_tasks_per_s": {
@@ -431,11 +428,7 @@ def summarise(
             "plain": round(bench.batch * len(pairs) / sum(p for _, p in pairs), 3),
         },
         "slot_s": {
-            kind: {
-                "p50": round(percentile(v["slot_s"], 0.5), 4),
-                "p99": round(percentile(v["slot_s"], 0.99), 4),
-                "mean": round(statistics.fmean(v["slot_s"]), 4),
-            }
+            kind: spread(v["slot_s"], 4, mean=True)
             for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
         },
         # the tasks' own slot time only: a lower bound of the throughput ratio
@@ -449,13 +442,7 @@ def summarise(
             ),
             2,
         ),
-        "lease_store_server_cpu_ms": None
-        if server_cpu is None
-        else {
-            "p50": round(percentile(server_cpu, 0.5), 2),
-            "p99": round(percentile(server_cpu, 0.99), 2),
-            "mean": round(statistics.fmean(server_cpu), 2),
-        },
+        "lease_store_server_cpu_ms": None if server_cpu is None else spread(server_cpu, mean=True),
         "throughput_ratio": round(ratio, 4),
         "throughput_ratio_ci95_bootstrap": [round(low, 4), round(high, 4)],
         "throughput_ratio_per_pair_mean_ci95_t": [round(mean - half, 4), round(mean + half, 4)],
