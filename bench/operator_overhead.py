@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -196,9 +197,13 @@ class Bench:
         pgbouncer: bool = False,
         parallelism: int = 8,
         schedulers: int = 1,
+        min_heartbeat_interval: int = 1,
         profile_dir: str | None = None,
     ) -> None:
         self.admin_dsn = admin_dsn
+        self.min_heartbeat_interval = min_heartbeat_interval
+        # a gap on a slot longer than this holds a supervisor exit wait (normal gaps: < 0.1 s)
+        self.stall_s = max(0.5, min_heartbeat_interval / 2)
         self.schedulers = schedulers
         self.parallelism = parallelism
         self.profile_dir = profile_dir
@@ -239,6 +244,7 @@ class Bench:
                 "AIRFLOW__EXACTLY_ONCE__ENABLED": "True",
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
                 "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+                "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(self.min_heartbeat_interval),
             }
             | ({"EO_BENCH_PROFILE": self.profile_dir} if self.profile_dir else {}),
             port_base=self.port_base,
@@ -289,26 +295,35 @@ class Bench:
             "run_id": run_id,
             "queued_to_done": [(e - q).total_seconds() for q, e in zip(queued, ended, strict=True)],
             "slot": [(e - s).total_seconds() for s, e in zip(started, ended, strict=True)],
+            # map index -> (start, end) in epoch seconds, for the per-slot cycles
+            "spans": {
+                t["map_index"]: (s.timestamp(), e.timestamp())
+                for t, s, e in zip(tis, started, ended, strict=True)
+            },
             "makespan": makespan,
         }
 
-    def timings(self) -> dict[tuple[str, str], list[dict[str, float]]]:
-        """(dag_id, run_id) -> each task's stopwatch: ``plugin`` (seconds in the plugin),
-        ``execute`` (execute minus body) and each hook's seconds."""
+    def timings(self) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+        """(dag_id, run_id) -> map index -> the task's stopwatch: ``plugin`` (seconds in the
+        plugin), ``execute`` (execute minus body), each hook's seconds, and ``slot_pid`` (its
+        LocalExecutor worker)."""
         with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT dag_id, run_id, execute_s, body_s, hooks_s, detail FROM bench_timings"
+                "SELECT dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail "
+                "FROM bench_timings"
             ).fetchall()
-        found: dict[tuple[str, str], list[dict[str, float]]] = {}
-        for dag_id, run_id, execute_s, body_s, hooks_s, detail in rows:
+        found: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+        for dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail in rows:
             parts = {
                 k: float(v)
                 for k, v in (detail or {}).items()
-                if k.startswith(("on_task_instance", "warm_up")) or k == "execute_cpu"
+                if k.startswith(("on_task_instance", "warm_up"))
+                or k in ("execute_cpu", "process_cpu")
             }
             parts["execute"] = float(execute_s) - float(body_s)
             parts["plugin"] = parts["execute"] + float(hooks_s)
-            found.setdefault((dag_id, run_id), []).append(parts)
+            parts["slot_pid"] = float((detail or {}).get("slot_pid", -1))
+            found.setdefault((dag_id, run_id), {})[map_index] = parts
         return found
 
     def server_cpu_per_try(self, tries: int = 200) -> list[float] | None:
@@ -349,16 +364,54 @@ def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> d
     return figures
 
 
-def bootstrap_ratio(
-    pairs: Sequence[tuple[float, float]], rounds: int = 10_000
-) -> tuple[float, float]:
-    """95% interval of sum(plain makespans) / sum(protected makespans), resampling pairs."""
+def bootstrap_ratio(pairs: Sequence[Sequence[float]], rounds: int = 10_000) -> tuple[float, float]:
+    """95% interval of the pooled ratio, resampling pairs of batches.
+
+    Each pair is (protected total, plain total), the ratio sum(plain) / sum(protected); or
+    (protected total, protected count, plain total, plain count), the ratio of the pooled
+    means, plain over protected.
+    """
     rng = random.Random(20240215)
     ratios = []
     for _ in range(rounds):
         sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(sum(p for _, p in sample) / sum(q for q, _ in sample))
+        ratios.append(pooled_ratio(sample))
     return percentile(ratios, 0.025), percentile(ratios, 0.975)
+
+
+def pooled_ratio(pairs: Sequence[Sequence[float]]) -> float:
+    """plain over protected, pooled over ``pairs`` (see ``bootstrap_ratio``)."""
+    if len(pairs[0]) == 2:
+        return sum(p[1] for p in pairs) / sum(p[0] for p in pairs)
+    protected = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
+    plain = sum(p[2] for p in pairs) / sum(p[3] for p in pairs)
+    return plain / protected
+
+
+def slot_cycles(
+    batch: dict[str, Any], tasks: dict[int, dict[str, float]], stall_s: float
+) -> tuple[list[float], list[float], int]:
+    """One batch's cycles on its executor slots: for each task followed by another on the
+    same LocalExecutor worker, the time from its start to that next start (its own slot time,
+    its process's exit, the supervisor's report, the scheduler's hand-over and the next task's
+    start). Returns the cycles, the idle gaps (next start - this end) of those cycles, and how
+    many were left out because their gap held Airflow's supervisor exit wait (a gap above
+    ``stall_s``; see the module's docstring)."""
+    by_slot: dict[float, list[tuple[float, float]]] = {}
+    for index, span in batch["spans"].items():
+        by_slot.setdefault(tasks[index]["slot_pid"], []).append(span)
+    cycles: list[float] = []
+    gaps: list[float] = []
+    stalls = 0
+    for spans in by_slot.values():
+        spans.sort()
+        for (start, end), (next_start, _) in itertools.pairwise(spans):
+            if next_start - end > stall_s:
+                stalls += 1
+            else:
+                cycles.append(next_start - start)
+                gaps.append(next_start - end)
+    return cycles, gaps, stalls
 
 
 def summarise(
@@ -368,14 +421,28 @@ def summarise(
     counted = batches[2 * warmup :]
     inside = bench.timings()
     by_kind: dict[str, dict[str, list[float]]] = {
-        d: {"plugin_ms": [], "queued_to_done_s": [], "slot_s": []} for d in (PROTECTED, PLAIN)
+        d: {"plugin_ms": [], "queued_to_done_s": [], "slot_s": [], "process_cpu_ms": []}
+        for d in (PROTECTED, PLAIN)
     }
     parts_ms: dict[str, list[float]] = {}
+    cycles: dict[str, dict[str, Any]] = {
+        d: {"cycles": [], "gaps": [], "stalls": 0, "per_batch": []} for d in (PROTECTED, PLAIN)
+    }
     for b in counted:
-        tasks = inside.get((b["dag_id"], b["run_id"]), [])
+        by_index = inside.get((b["dag_id"], b["run_id"]), {})
+        tasks = list(by_index.values())
         if len(tasks) != bench.batch:
             raise RuntimeError(f"{b['run_id']}: {len(tasks)} timing rows for {bench.batch} tasks")
+        batch_cycles, gaps, stalls = slot_cycles(b, by_index, bench.stall_s)
+        kind = cycles[b["dag_id"]]
+        kind["cycles"].extend(batch_cycles)
+        kind["gaps"].extend(gaps)
+        kind["stalls"] += stalls
+        kind["per_batch"].append((sum(batch_cycles), len(batch_cycles)))
         by_kind[b["dag_id"]]["plugin_ms"].extend(t["plugin"] * 1000 for t in tasks)
+        by_kind[b["dag_id"]]["process_cpu_ms"].extend(
+            t.get("process_cpu", math.nan) * 1000 for t in tasks
+        )
         by_kind[b["dag_id"]]["queued_to_done_s"].extend(b["queued_to_done"])
         by_kind[b["dag_id"]]["slot_s"].extend(b["slot"])
         if b["dag_id"] == PROTECTED:
@@ -389,8 +456,17 @@ def summarise(
         prot, plain = (one, two) if one["dag_id"] == PROTECTED else (two, one)
         pairs.append((prot["makespan"], plain["makespan"]))
         slot_pairs.append((sum(prot["slot"]), sum(plain["slot"])))
-    ratio = sum(p for _, p in pairs) / sum(q for q, _ in pairs)
-    slot_ratio = sum(p for _, p in slot_pairs) / sum(q for q, _ in slot_pairs)
+    ratio = pooled_ratio(pairs)
+    slot_ratio = pooled_ratio(slot_pairs)
+    # (protected cycles' total, count, plain cycles' total, count) per pair of batches
+    cycle_pairs = [
+        (*prot, *plain)
+        for prot, plain in zip(
+            cycles[PROTECTED]["per_batch"], cycles[PLAIN]["per_batch"], strict=True
+        )
+    ]
+    cycle_ratio = pooled_ratio(cycle_pairs)
+    cycle_low, cycle_high = bootstrap_ratio(cycle_pairs)
     low, high = bootstrap_ratio(pairs)
     per_pair = [p / q for q, p in pairs]
     mean = statistics.fmean(per_pair)
@@ -419,6 +495,11 @@ def summarise(
             ),
         },
         "plain_plugin_in_task_ms": spread(by_kind[PLAIN]["plugin_ms"], 3),
+        # each task process's whole CPU from its fork to the end of execute
+        "task_process_cpu_ms": {
+            kind: spread(v["process_cpu_ms"], 1, mean=True)
+            for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
+        },
         "queued_to_done_s": {
             kind: spread(v["queued_to_done_s"], 3)
             for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
@@ -442,6 +523,20 @@ def summarise(
             ),
             2,
         ),
+        # each task's whole cycle on its executor slot (see slot_cycles), without Airflow's
+        # supervisor exit waits; those are counted per kind
+        "slot_cycle_ms": {
+            kind: spread([c * 1000 for c in cycles[d]["cycles"]], 1, mean=True)
+            | {
+                "idle_gap_p50": round(percentile(cycles[d]["gaps"], 0.5) * 1000, 1),
+                "cycles": len(cycles[d]["cycles"]),
+                "supervisor_exit_waits": cycles[d]["stalls"],
+            }
+            for kind, d in (("protected", PROTECTED), ("plain", PLAIN))
+        },
+        "supervisor_exit_wait_s": bench.min_heartbeat_interval,
+        "slot_cycle_ratio": round(cycle_ratio, 4),
+        "slot_cycle_ratio_ci95_bootstrap": [round(cycle_low, 4), round(cycle_high, 4)],
         "lease_store_server_cpu_ms": None if server_cpu is None else spread(server_cpu, mean=True),
         "throughput_ratio": round(ratio, 4),
         "throughput_ratio_ci95_bootstrap": [round(low, 4), round(high, 4)],
@@ -454,6 +549,8 @@ def summarise(
         # the point estimate, its interval's low end, and the tight lower bound
         "throughput_ratio": ratio >= TARGETS["throughput_ratio"],
         "throughput_ratio_ci95_low": low >= TARGETS["throughput_ratio"],
+        "slot_cycle_ratio": cycle_ratio >= TARGETS["throughput_ratio"],
+        "slot_cycle_ratio_ci95_low": cycle_low >= TARGETS["throughput_ratio"],
         "slot_time_ratio": slot_ratio >= TARGETS["throughput_ratio"],
     }
     return figures
@@ -479,6 +576,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--schedulers", type=int, choices=(1, 2), default=1, help="schedulers to start"
     )
     parser.add_argument(
+        "--min-heartbeat-interval",
+        type=int,
+        default=1,
+        help="[workers] min_heartbeat_interval, the longest a supervisor can miss its task "
+        "process's exit (Airflow's default: 5)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="DIR",
         help="write a cProfile of each protected task's execute to DIR (slows the tasks: "
@@ -494,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pgbouncer=args.pgbouncer,
         parallelism=args.parallelism,
         schedulers=args.schedulers,
+        min_heartbeat_interval=args.min_heartbeat_interval,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
     )
     # SIGTERM ends the run through the finally below, which stops the stack it started
@@ -526,7 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"throughput ratio {figures['throughput_ratio']} "
-        f"(95% CI {figures['throughput_ratio_ci95_bootstrap']})"
+        f"(95% CI {figures['throughput_ratio_ci95_bootstrap']}); slot-cycle ratio "
+        f"{figures['slot_cycle_ratio']} (95% CI {figures['slot_cycle_ratio_ci95_bootstrap']})"
     )
     print(json.dumps(figures, sort_keys=True))
     return 0

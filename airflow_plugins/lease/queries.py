@@ -7,7 +7,6 @@ theirs beside their code and load them with a ``QueryBook`` of their own.
 
 from __future__ import annotations
 
-import functools
 import re
 from importlib import resources
 
@@ -17,6 +16,11 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 class QueryBook:
     """The named blocks of one ``.sql`` file of a package; call it with a block's name.
 
+    The file is read when the book is made, at import: a process forked afterwards (each task
+    process of a LocalExecutor or Celery worker, whose parent imported the plugin) finds the
+    text already loaded instead of reading and splitting the file on its try's path (about
+    1.5 ms of CPU in a fresh task process).
+
     Args:
         package: the package that ships the file, e.g. ``"airflow_plugins.lease"``.
         path: the file's path inside the package, e.g. ``"sql/queries.sql"``.
@@ -25,12 +29,11 @@ class QueryBook:
     def __init__(self, package: str, path: str) -> None:
         self.package = package
         self.path = path
-
-    @functools.cached_property
-    def _blocks(self) -> dict[str, str]:
-        text = resources.files(self.package).joinpath(self.path).read_text()
+        text = resources.files(package).joinpath(path).read_text()
         parts = _NAME.split(text)  # [preamble, name1, body1, name2, body2, ...]
-        return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+        self._blocks = {
+            name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)
+        }
 
     def __call__(self, name: str) -> str:
         """Returns the SQL text of the named block.

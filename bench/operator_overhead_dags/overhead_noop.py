@@ -112,6 +112,10 @@ class ExactlyOnceBenchNoop(ExactlyOnceOperator):
         # CPU of every thread of the task process (pool workers, keeper): what the plugin
         # costs the task's machine, whatever else competes for its cores
         TIMINGS["execute_cpu"] = time.process_time() - cpu
+        # the LocalExecutor worker that supervises this task process: its executor slot
+        TIMINGS["slot_pid"] = os.getppid()
+        # the task process's CPU since its fork (parse, Airflow's start-up, warm-up, execute)
+        TIMINGS["process_cpu"] = time.process_time()
         _record(context["ti"])
         if profiler is not None and profile_dir:
             profiler.dump_stats(os.path.join(profile_dir, f"{os.getpid()}.pstats"))
