@@ -327,30 +327,56 @@ class Bench:
         return found
 
     def server_cpu_per_try(self, tries: int = 200) -> list[float] | None:
-        """Milliseconds of lease-store server CPU one protected try costs (its backend's
-        start, the warm-up's plans, acquire, complete), measured by the backend's own CPU time
-        (``/proc/<pid>/schedstat``); None when the server is not on this host."""
-        store_dsn = self.lease_dsn
+        """Milliseconds of lease-store server CPU one protected try costs (the warm-up's
+        statements, acquire, complete, and with direct connections its backend's start),
+        from the backends' own CPU time (``/proc/<pid>/schedstat``); None when the server is
+        not on this host.
+
+        Direct: each try's new backend, read just before the try closes it. Through
+        PgBouncer: the pooled backends' CPU and the pooler's, summed before and after each
+        try (they outlive it and any of them may serve it)."""
         spent: list[float] = []
         holder = Holder.process("eo-bench-server-cpu")
         for n in range(tries):
-            store = LeaseStore(store_dsn)
+            store = LeaseStore(self.pooler.dsn if self.pooler is not None else self.lease_dsn)
             try:
+                before = self._pooled_backends_cpu() if self.pooler is not None else 0.0
                 with store.connection() as conn:
                     row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
                 assert row is not None
-                pid = row["pid"]
                 store.warm_up()
                 got = store.acquire(f"eo-bench/server-cpu/{n}", holder)
                 store.complete(got.lease, n)
-                try:
-                    ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-                except OSError:
-                    return None
-                spent.append(ns / 1e6)
+                if self.pooler is not None:
+                    used = self._pooled_backends_cpu() - before
+                else:
+                    used = _backend_cpu_ms(row["pid"])
             finally:
                 store.close()
+            if math.isnan(used) or math.isnan(before):
+                return None
+            spent.append(used)
         return spent
+
+    def _pooled_backends_cpu(self) -> float:
+        """The summed CPU milliseconds of the lease store's backends other than this one,
+        and of the pooler itself."""
+        assert self.pooler is not None
+        assert self.pooler.proc is not None
+        with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
+            pids = conn.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return _backend_cpu_ms(self.pooler.proc.pid) + sum(_backend_cpu_ms(p) for (p,) in pids)
+
+
+def _backend_cpu_ms(pid: int) -> float:
+    """A local process's CPU milliseconds so far (NaN when it is not on this host)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
+    except OSError:
+        return math.nan
 
 
 def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> dict[str, float]:
