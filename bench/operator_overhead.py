@@ -230,6 +230,7 @@ class Bench:
         self.lease_dsn = ""
         self.stack: AirflowStack | None = None
         self.api: AirflowApi | None = None
+        self.timings_dir = Path(tempfile.mkdtemp(prefix="eo-bench-timings-"))
         self._dates = (date.today() - timedelta(days=n) for n in range(1, 10_000))
 
     def start(self) -> None:
@@ -237,11 +238,7 @@ class Bench:
         self.metadata_dsn = create_database(self.admin_dsn, "eo_bench_airflow")
         self.lease_dsn = create_database(self.admin_dsn, "eo_bench_leases")
         migrate(self.lease_dsn, LEASE_STORE)
-        with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE bench_timings (dag_id text, run_id text, map_index int, "
-                "execute_s float8, body_s float8, hooks_s float8, detail jsonb)"
-            )
+        self.timings_dir.chmod(0o777)  # task processes may run as another user
         task_dsn = self.lease_dsn
         if self.use_pgbouncer:
             self.pooler = PgBouncer(self.lease_dsn, self.port_base + 10)
@@ -254,7 +251,7 @@ class Bench:
             connections={LEASE_CONN_ID: airflow_uri(task_dsn)},
             extra_env={
                 "EO_BENCH_BATCH": str(self.batch),
-                "EO_BENCH_DSN": self.lease_dsn,
+                "EO_BENCH_TIMINGS": str(self.timings_dir),
                 "AIRFLOW__EXACTLY_ONCE__ENABLED": "True",
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
                 "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
@@ -286,6 +283,7 @@ class Bench:
             self.stack.stop()
         if self.pooler is not None:
             self.pooler.stop()
+        shutil.rmtree(self.timings_dir, ignore_errors=True)
         for dsn in (self.metadata_dsn, self.lease_dsn):
             if dsn:
                 drop_database(self.admin_dsn, dsn)
@@ -321,22 +319,18 @@ class Bench:
         """(dag_id, run_id) -> map index -> the task's stopwatch: ``plugin`` (seconds in the
         plugin), ``execute`` (execute minus body), each hook's seconds, and ``slot_pid`` (its
         LocalExecutor worker)."""
-        with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail "
-                "FROM bench_timings"
-            ).fetchall()
         found: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
-        for dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail in rows:
+        for path in self.timings_dir.glob("*.json"):
+            row = json.loads(path.read_text())
+            dag_id, run_id, map_index = row.pop("dag_id"), row.pop("run_id"), row.pop("map_index")
             parts = {
                 k: float(v)
-                for k, v in (detail or {}).items()
+                for k, v in row.items()
                 if k.startswith(("on_task_instance", "warm_up"))
-                or k in ("execute_cpu", "process_cpu")
+                or k in ("execute_cpu", "process_cpu", "slot_pid")
             }
-            parts["execute"] = float(execute_s) - float(body_s)
-            parts["plugin"] = parts["execute"] + float(hooks_s)
-            parts["slot_pid"] = float((detail or {}).get("slot_pid", -1))
+            parts["execute"] = float(row["execute"]) - float(row["body"])
+            parts["plugin"] = parts["execute"] + float(row["hooks"])
             found.setdefault((dag_id, run_id), {})[map_index] = parts
         return found
 

@@ -15,8 +15,10 @@ It times, inside each task process, what the plugin does there:
   task: its wall and thread CPU time, and how long ``execute`` started before it finished (that
   wait is inside ``execute``, so already counted).
 
-At the end of ``execute``, after the stopwatch, it writes one row to ``bench_timings``
-(``EO_BENCH_DSN``), which the bench reads back; both kinds pay that write alike.
+At the end of ``execute``, after the stopwatch, it writes one JSON line to a file of its own
+in ``EO_BENCH_TIMINGS``, which the bench reads back. Both kinds pay that write alike: a file,
+not a database row, since a task process's first Postgres connection costs more than its
+later ones, and only the protected kind would have had one already.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ import cProfile
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
-
-import psycopg
 
 from airflow_plugins import listener, prewarm
 from airflow_plugins.fence_context import Fence
@@ -41,21 +42,10 @@ _unwrapped_warm = prewarm._warm
 
 
 def _record(ti: Any) -> None:
-    with psycopg.connect(os.environ["EO_BENCH_DSN"], autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO bench_timings "
-            "(dag_id, run_id, map_index, execute_s, body_s, hooks_s, detail) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                ti.dag_id,
-                ti.run_id,
-                ti.map_index,
-                TIMINGS["execute"],
-                TIMINGS["body"],
-                TIMINGS["hooks"],
-                json.dumps(TIMINGS),
-            ),
-        )
+    row = {"dag_id": ti.dag_id, "run_id": ti.run_id, "map_index": ti.map_index, **TIMINGS}
+    path = os.path.join(os.environ["EO_BENCH_TIMINGS"], f"{uuid.uuid4().hex}.json")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def _timed_guarded(what: str, action: Callable[[], None]) -> None:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from datetime import UTC, date, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import pendulum
+import psutil
+import psycopg
 import pytest
+from airflow._shared.listeners.spec import lifecycle as lifecycle_spec
 from airflow.listeners.spec import dagrun as dagrun_spec
 from airflow.sdk import DAG
 from airflow.sdk._shared.listeners.spec import taskinstance as ti_spec
@@ -65,6 +69,7 @@ def _dag_run(run_id: str, dag: DAG, **fields: Any) -> SimpleNamespace:
             ti_spec,
             ("on_task_instance_failed", "on_task_instance_skipped"),
         ),
+        (lifecycle_spec, ("on_starting",)),
     ],
 )
 def test_hooks_have_the_exact_hookspec_signatures(spec: Any, names: tuple[str, ...]) -> None:
@@ -188,6 +193,65 @@ def test_hooks_never_raise_and_pause_while_the_store_is_down(
         listener.on_task_instance_failed(previous_state=None, task_instance=object(), error="x")
         is None
     )
+
+
+class _Job:
+    """Stands for ``airflow.jobs.job.Job``, which calls ``on_starting`` from its constructor."""
+
+
+_Job.__module__ = "airflow.jobs.job"
+
+
+def _store_sockets() -> int:
+    return sum(1 for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr[1] == 5432)
+
+
+def test_a_starting_job_warms_the_store_and_leaves_nothing_open_across_a_fork(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warmed: list[str] = []
+    real_warm_up = LeaseStore.warm_up
+
+    def warm_up(store: LeaseStore) -> None:
+        real_warm_up(store)
+        with store.connection() as conn:  # the warm-up's connection, open and answering
+            row = conn.execute("SELECT current_database() AS db").fetchone()
+            warmed.append(row["db"] if row else "")
+
+    monkeypatch.setattr(LeaseStore, "warm_up", warm_up)
+    sockets, threads = _store_sockets(), threading.active_count()
+
+    assert listener.on_starting(component=_Job()) is None
+
+    assert warmed == [psycopg.conninfo.conninfo_to_dict(plugin_env["lease"])["dbname"]]
+    # closed before returning: an executor forked next inherits no connection, no thread
+    assert _store_sockets() == sockets
+    assert threading.active_count() == threads
+
+
+def test_a_task_process_start_does_not_connect(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called: list[object] = []
+    monkeypatch.setattr(LeaseStore, "warm_up", lambda store: called.append(store))
+    # the task runner's own marker (its process warms through airflow_plugins.prewarm)
+    assert listener.on_starting(component=SimpleNamespace()) is None
+    assert called == []
+
+
+def test_a_starting_job_with_the_store_down_only_logs(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW__EXACTLY_ONCE__LEASE_DSN",
+        f"host=127.0.0.1 port={closed_port()} user=postgres dbname=x",
+    )
+    sockets = _store_sockets()
+    started = time.monotonic()
+    assert listener.on_starting(component=_Job()) is None
+    assert time.monotonic() - started < 2 * listener.CONNECT_TIMEOUT + 1
+    assert _store_sockets() == sockets
+    assert "warm" in caplog.text.lower()
 
 
 def _failed_ti(run_id: str, try_number: int) -> SimpleNamespace:
