@@ -1,10 +1,15 @@
 """The lease store's connections: one kept for the hot path, a small pool for the rest.
 
-A lease call on the kept connection skips the pool checkout, and the statements psycopg
-prepares (from a query's fifth use on a connection) live as long as it does. A call made while
-another thread has the kept connection is served from the pool, except while ``warm`` opens
-it: the call then waits for it rather than starting a second connection. Failures to reach
-Postgres fail closed as ``LeaseStoreUnavailable``.
+A lease call on the kept connection skips the pool checkout. A call made while another thread
+has the kept connection is served from the pool, except while ``warm`` opens it: the call then
+waits for it rather than starting a second connection. Failures to reach Postgres fail closed
+as ``LeaseStoreUnavailable``.
+
+No statement is prepared on the server (``prepare_threshold=None``): psycopg would prepare a
+query from its fifth use on a connection, and behind PgBouncer in transaction mode (before
+1.21, or without ``max_prepared_statements``) a long task's sixth renewal then failed with
+``prepared statement "_pg3_0" already exists`` (seen with Debian's PgBouncer 1.18). A task
+process runs each statement a few times, so preparing saved it nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class StoreConnections:
             "autocommit": True,
             "connect_timeout": max(1, math.ceil(connect_timeout)),
             "application_name": "runlease",
+            "prepare_threshold": None,  # safe behind any transaction-mode pooler
         }
         self._kept: psycopg.Connection[dict[str, Any]] | None = None
         self._kept_used = 0.0

@@ -169,3 +169,15 @@ def test_a_failed_warm_up_is_quiet_and_the_call_reports_the_store_unreachable() 
         store.warm_up()
         with pytest.raises(LeaseStoreUnavailable):
             store.acquire(f"warm/unreachable/{DAY}", Holder.process("warm-test"))
+
+
+def test_a_long_holders_renewals_prepare_nothing_on_the_server(store: LeaseStore) -> None:
+    # behind PgBouncer in transaction mode (before 1.21) a prepared statement lives on one
+    # server connection and is missing or duplicated on the next: the sixth renewal failed
+    got = store.acquire(f"conn/long/{DAY}", Holder.process("long-holder"), ttl=30)
+    for _ in range(12):
+        store.renew(got.lease)
+    with store.connection() as conn:  # the same kept connection the renewals used
+        prepared = conn.execute("SELECT name FROM pg_prepared_statements").fetchall()
+    assert prepared == []
+    store.complete(got.lease, "done")
