@@ -401,9 +401,9 @@ def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> d
 def bootstrap_ratio(pairs: Sequence[Sequence[float]], rounds: int = 10_000) -> tuple[float, float]:
     """95% interval of the pooled ratio, resampling pairs of batches.
 
-    Each pair is (protected total, plain total), the ratio sum(plain) / sum(protected); or
-    (protected total, protected count, plain total, plain count), the ratio of the pooled
-    means, plain over protected.
+    Each pair is (protected total, protected count, plain total, plain count); the ratio is
+    that of the pooled means, plain over protected (with counts of 1, sum(plain) /
+    sum(protected)).
     """
     rng = random.Random(20240215)
     ratios = []
@@ -415,8 +415,6 @@ def bootstrap_ratio(pairs: Sequence[Sequence[float]], rounds: int = 10_000) -> t
 
 def pooled_ratio(pairs: Sequence[Sequence[float]]) -> float:
     """plain over protected, pooled over ``pairs`` (see ``bootstrap_ratio``)."""
-    if len(pairs[0]) == 2:
-        return sum(p[1] for p in pairs) / sum(p[0] for p in pairs)
     protected = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
     plain = sum(p[2] for p in pairs) / sum(p[3] for p in pairs)
     return plain / protected
@@ -484,16 +482,16 @@ def summarise(
                 for part, seconds in t.items():
                     if part not in ("slot_pid", "process_cpu"):  # reported on their own
                         parts_ms.setdefault(part, []).append(seconds * 1000)
-    pairs: list[tuple[float, float]] = []  # (protected makespan, plain makespan)
-    slot_pairs: list[tuple[float, float]] = []  # (protected slot total, plain slot total)
+    # (protected total, count, plain total, count) per pair of batches: makespans, slot times
+    pairs: list[tuple[float, int, float, int]] = []
+    slot_pairs: list[tuple[float, int, float, int]] = []
     for i in range(0, len(counted), 2):
         one, two = counted[i], counted[i + 1]
         prot, plain = (one, two) if one["dag_id"] == PROTECTED else (two, one)
-        pairs.append((prot["makespan"], plain["makespan"]))
-        slot_pairs.append((sum(prot["slot"]), sum(plain["slot"])))
+        pairs.append((prot["makespan"], 1, plain["makespan"], 1))
+        slot_pairs.append((sum(prot["slot"]), 1, sum(plain["slot"]), 1))
     ratio = pooled_ratio(pairs)
     slot_ratio = pooled_ratio(slot_pairs)
-    # (protected cycles' total, count, plain cycles' total, count) per pair of batches
     cycle_pairs = [
         (*prot, *plain)
         for prot, plain in zip(
@@ -503,7 +501,7 @@ def summarise(
     cycle_ratio = pooled_ratio(cycle_pairs)
     cycle_low, cycle_high = bootstrap_ratio(cycle_pairs)
     low, high = bootstrap_ratio(pairs)
-    per_pair = [p / q for q, p in pairs]
+    per_pair = [p / q for q, _, p, _ in pairs]
     mean = statistics.fmean(per_pair)
     half = t_quantile(len(per_pair) - 1) * statistics.stdev(per_pair) / math.sqrt(len(per_pair))
     added = by_kind[PROTECTED]["plugin_ms"]
@@ -540,8 +538,8 @@ def summarise(
             for kind, v in (("protected", by_kind[PROTECTED]), ("plain", by_kind[PLAIN]))
         },
         "throughput_tasks_per_s": {
-            "protected": round(bench.batch * len(pairs) / sum(q for q, _ in pairs), 3),
-            "plain": round(bench.batch * len(pairs) / sum(p for _, p in pairs), 3),
+            "protected": round(bench.batch * len(pairs) / sum(q for q, _, _, _ in pairs), 3),
+            "plain": round(bench.batch * len(pairs) / sum(p for _, _, p, _ in pairs), 3),
         },
         "slot_s": {
             kind: spread(v["slot_s"], 4, mean=True)

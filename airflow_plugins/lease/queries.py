@@ -27,8 +27,7 @@ class QueryBook:
     """
 
     def __init__(self, package: str, path: str) -> None:
-        self.package = package
-        self.path = path
+        self.source = f"{package}/{path}"
         text = resources.files(package).joinpath(path).read_text()
         parts = _NAME.split(text)  # [preamble, name1, body1, name2, body2, ...]
         self._blocks = {
@@ -39,9 +38,12 @@ class QueryBook:
         """Returns the SQL text of the named block.
 
         Raises:
-            KeyError: no block has that name.
+            KeyError: no block has that name (the message names the file).
         """
-        return self._blocks[name]
+        try:
+            return self._blocks[name]
+        except KeyError:
+            raise KeyError(f"no SQL block {name!r} in {self.source}") from None
 
 
 query = QueryBook("airflow_plugins.lease", "sql/queries.sql")

@@ -36,7 +36,7 @@ def test_a_forked_process_reads_no_file_for_a_query() -> None:
 def test_a_missing_file_or_block_is_a_clear_error() -> None:
     with pytest.raises(FileNotFoundError):
         QueryBook("airflow_plugins.lease", "sql/no-such-file.sql")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"no_such_block.*airflow_plugins\.lease/sql/queries\.sql"):
         queries.query("no_such_block")
 
 
