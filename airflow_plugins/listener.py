@@ -31,6 +31,7 @@ once per process, and failing a lease on behalf matches only a still-running lea
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -109,20 +110,37 @@ def on_starting(component: Any) -> None:
     for each protected try (``bench/operator_overhead.py``). Nothing stays open across a fork.
     Other components (the triggerer, the dag processor) do the same once; a task process's
     own start (the task runner's marker) does nothing here, its warm-up is
-    ``airflow_plugins.prewarm``. An unreachable store costs the start at most
-    ``CONNECT_TIMEOUT`` per attempt and is only logged.
+    ``airflow_plugins.prewarm``. Logs one INFO line when the store was warmed (so a
+    component's log shows the store was reachable as it started) and a WARNING when it was
+    not; an unreachable store costs the start at most ``CONNECT_TIMEOUT`` per attempt.
     """
     if type(component).__module__ != "airflow.jobs.job":
         return
-    _guarded("on_starting", _warm_before_forks)
+    # Job() calls the hook before its runner sets job_type: name the component by its command
+    job = str(getattr(component, "job_type", None) or " ".join(["airflow", *sys.argv[1:2]]))
+    _guarded("on_starting", lambda: _warm_before_forks(job))
 
 
-def _warm_before_forks() -> None:
+def _warm_before_forks(job: str) -> None:
+    started = time.monotonic()
     store = LeaseStore(config.lease_dsn(metastore=False), connect_timeout=CONNECT_TIMEOUT)
     try:
-        store.warm_up()
+        warmed = store.warm_up()
     finally:
         store.close()
+    if warmed:
+        log.info(
+            "exactly-once listener: lease store warmed as an Airflow job starts (%s), before "
+            "it forks: %.1f ms, nothing left open",
+            job,
+            (time.monotonic() - started) * 1000,
+        )
+    else:
+        log.warning(
+            "exactly-once listener: lease store not reachable as an Airflow job starts (%s); "
+            "protected tasks defer until it is back",
+            job,
+        )
 
 
 # -- DAG runs ---------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class StoreConnections:
         except psycopg.OperationalError as exc:
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
 
-    def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
         """Opens the kept connection and runs ``statements`` on it, in the calling thread.
 
         Meant for statements that write nothing but load what the hot ones need (the server's
@@ -123,22 +123,28 @@ class StoreConnections:
         the real calls come. Calls made meanwhile from other threads wait for this connection
         instead of opening another. A failure is only logged: the first real call then
         connects itself and reports it.
+
+        Returns:
+            whether the statements ran (False: the store failed, or a real call had the
+            connection first).
         """
         self._warming.set()
-        self._warm(statements)
+        return self._warm(statements)
 
-    def _warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def _warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
         try:
             if not self._kept_lock.acquire(blocking=False):
-                return  # a real call got there first and opens it itself
+                return False  # a real call got there first and opens it itself
             try:
                 with contextmanager(self._kept_connection)() as conn:
                     for sql, params in statements:
                         conn.execute(sql, params)
+                return True
             finally:
                 self._kept_lock.release()
         except psycopg.Error as exc:
             log.info("warming the lease store's connection failed: %s", exc)
+            return False
         finally:
             self._warming.clear()
 

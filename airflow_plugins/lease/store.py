@@ -246,7 +246,7 @@ class LeaseStore:
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(query(name), params).fetchall()
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> bool:
         """Opens the store's kept connection and prepares a holder's try on it without writing
         anything: plans the acquire (``EXPLAIN``) and runs the finish of a token no lease has,
         so the try's acquire and finish find the connection open, the server's caches loaded
@@ -255,6 +255,9 @@ class LeaseStore:
         Runs in the calling thread; call it from a thread of its own (``airflow_plugins.
         prewarm``): calls made from other threads meanwhile wait for the connection it opens.
         A failure is only logged; the next call reports it.
+
+        Returns:
+            whether the warm-up's statements ran.
         """
         sample = {
             "key": "warm-up",
@@ -269,7 +272,7 @@ class LeaseStore:
             "output": "null",
             "error": "",
         }
-        self._connections.warm(
+        return self._connections.warm(
             [
                 (f"EXPLAIN {query('acquire')}", sample),
                 # tokens start at 1: this finish matches no lease and writes no audit row
@@ -313,17 +316,17 @@ class LeaseStore:
         """
         check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
-        rows = self._tuples(
-            "acquire",
-            {
-                "key": key,
-                "holder": holder.json_text,
-                "ttl_ms": round(ttl * 1000),
-                "business_date": business_date,
-                "horizon_days": self.horizon_days,
-                "input": self._audit_json(input),
-            },
-        )
+        params = {
+            "key": key,
+            "holder": holder.json_text,
+            "ttl_ms": round(ttl * 1000),
+            "business_date": business_date,
+            "horizon_days": self.horizon_days,
+            "input": self._audit_json(input),
+        }
+        # a new key is granted by one plain statement; anything else is decided by the
+        # store's function (a second round trip, only when the first granted nothing)
+        rows = self._tuples("acquire", params) or self._tuples("acquire_decided", params)
         return self._acquisition(key, rows[0], ttl, business_date, holder)
 
     def acquire_many(

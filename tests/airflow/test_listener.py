@@ -8,6 +8,7 @@ failed try's lease on its behalf, idempotence, and never raising.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from datetime import UTC, date, datetime
@@ -198,6 +199,8 @@ def test_hooks_never_raise_and_pause_while_the_store_is_down(
 class _Job:
     """Stands for ``airflow.jobs.job.Job``, which calls ``on_starting`` from its constructor."""
 
+    job_type: str | None = None
+
 
 _Job.__module__ = "airflow.jobs.job"
 
@@ -207,23 +210,28 @@ def _store_sockets() -> int:
 
 
 def test_a_starting_job_warms_the_store_and_leaves_nothing_open_across_a_fork(
-    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     warmed: list[str] = []
     real_warm_up = LeaseStore.warm_up
 
-    def warm_up(store: LeaseStore) -> None:
-        real_warm_up(store)
+    def warm_up(store: LeaseStore) -> bool:
+        ran = real_warm_up(store)
         with store.connection() as conn:  # the warm-up's connection, open and answering
             row = conn.execute("SELECT current_database() AS db").fetchone()
             warmed.append(row["db"] if row else "")
+        return ran
 
     monkeypatch.setattr(LeaseStore, "warm_up", warm_up)
     sockets, threads = _store_sockets(), threading.active_count()
 
-    assert listener.on_starting(component=_Job()) is None
+    caplog.set_level(logging.INFO, logger=listener.__name__)
+    job = _Job()
+    job.job_type = "SchedulerJob"
+    assert listener.on_starting(component=job) is None
 
     assert warmed == [psycopg.conninfo.conninfo_to_dict(plugin_env["lease"])["dbname"]]
+    assert "lease store warmed as an Airflow job starts (SchedulerJob)" in caplog.text
     # closed before returning: an executor forked next inherits no connection, no thread
     assert _store_sockets() == sockets
     assert threading.active_count() == threads
@@ -251,7 +259,7 @@ def test_a_starting_job_with_the_store_down_only_logs(
     assert listener.on_starting(component=_Job()) is None
     assert time.monotonic() - started < 2 * listener.CONNECT_TIMEOUT + 1
     assert _store_sockets() == sockets
-    assert "warm" in caplog.text.lower()
+    assert "lease store not reachable as an Airflow job starts" in caplog.text
 
 
 def _failed_ti(run_id: str, try_number: int) -> SimpleNamespace:

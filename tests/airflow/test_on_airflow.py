@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from airflow_plugins.demo.stack import SCHEDULERS
 from airflow_plugins.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
 from tests.harness.airflow_harness import (
@@ -319,3 +320,24 @@ def test_a_try_marked_failed_has_its_lease_failed_by_the_listener(
     assert sorted(r["item"] for r in rows) == [f"item-{n:03d}" for n in range(items)]
     assert sum(r["try_number"] == 1 for r in rows) == stopped
     assert {r["token"] for r in rows if r["try_number"] != 1} == {acquires[1][1]}
+
+
+def test_each_airflow_job_warms_the_lease_store_as_it_starts(
+    airflow: AirflowHarness,  # noqa: F811
+) -> None:
+    # the listener's start hook, in the real components: a scheduler warms the store before its
+    # LocalExecutor forks the workers its task processes are forked from
+    airflow.ensure_schedulers()
+    commands = {name: "airflow scheduler" for name in SCHEDULERS} | {
+        "triggerer": "airflow triggerer",
+        "dag-processor": "airflow dag-processor",
+    }
+    for name, command in commands.items():
+        text = (airflow.stack.home / f"{name}.log").read_text(errors="replace")
+        assert f"lease store warmed as an Airflow job starts ({command}), before it forks" in (
+            text
+        ), name
+        assert "lease store not reachable as an Airflow job starts" not in text, name
+    # the api-server runs no job: it has nothing to fork and never warms
+    api_log = (airflow.stack.home / "api-server.log").read_text(errors="replace")
+    assert "lease store warmed" not in api_log
