@@ -338,6 +338,9 @@ def test_each_airflow_job_warms_the_lease_store_as_it_starts(
             text
         ), name
         assert "lease store not reachable as an Airflow job starts" not in text, name
+        if name in SCHEDULERS:  # before the LocalExecutor started (forked) its first worker
+            forked = text.find("Worker starting up")  # the LocalExecutor's, at INFO
+            assert 0 <= text.find("lease store warmed") < forked, name
     # the api-server runs no job: it has nothing to fork and never warms
     api_log = (airflow.stack.home / "api-server.log").read_text(errors="replace")
     assert "lease store warmed" not in api_log
