@@ -248,37 +248,30 @@ class LeaseStore:
 
     def warm_up(self) -> bool:
         """Opens the store's kept connection and prepares a holder's try on it without writing
-        anything: plans the acquire (``EXPLAIN``) and runs the finish of a token no lease has,
-        so the try's acquire and finish find the connection open, the server's caches loaded
-        and psycopg's query and type caches filled.
+        anything: runs the finish of a token no lease has, so the try's acquire and finish find
+        the connection open, most of the server's catalog loaded (the lease table, the audit
+        table) and psycopg's type caches filled.
+
+        The acquire itself is not planned ahead (an ``EXPLAIN`` of it was, before): that cost a
+        new backend 0.6 ms of server CPU and saved the try's acquire 0.2 ms of it.
 
         Runs in the calling thread; call it from a thread of its own (``airflow_plugins.
         prewarm``): calls made from other threads meanwhile wait for the connection it opens.
         A failure is only logged; the next call reports it.
 
         Returns:
-            whether the warm-up's statements ran.
+            whether the warm-up's statement ran.
         """
-        sample = {
+        # tokens start at 1: this finish matches no lease and writes no audit row
+        nothing = {
             "key": "warm-up",
-            "holder": '{"engine": "airflow"}',
-            "ttl_ms": round(self.ttl * 1000),
-            "business_date": date.today(),
-            "horizon_days": self.horizon_days,
-            "input": "{}",
-            "token": 1,
+            "token": 0,
             "state": "succeeded",
             "result": "null",
             "output": "null",
             "error": "",
         }
-        return self._connections.warm(
-            [
-                (f"EXPLAIN {query('acquire')}", sample),
-                # tokens start at 1: this finish matches no lease and writes no audit row
-                (query("finish"), sample | {"token": 0}),
-            ]
-        )
+        return self._connections.warm([(query("finish"), nothing)])
 
     def close(self) -> None:
         """Closes the store's connections."""
