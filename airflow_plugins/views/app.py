@@ -61,9 +61,9 @@ def _default_store() -> LeaseStore:
 
 
 def _default_dags(now: datetime) -> list[Any]:
-    from airflow_plugins.watcher.dags import opted_in_dags
+    from airflow_plugins.watcher.dags import protected_dags
 
-    return list(opted_in_dags(now))
+    return list(protected_dags(now))
 
 
 def _ready_after() -> int:
@@ -83,7 +83,7 @@ def create_app(
 
     Args:
         store: returns the lease store (default: the configured one, opened on first use).
-        dags: returns the watched DAGs (default: opted-in DAGs from Airflow's metadata DB).
+        dags: returns the watched DAGs (default: protected DAGs from Airflow's metadata DB).
     """
     app = FastAPI(title="Exactly-once", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lease_store = functools.cache(store or _default_store)

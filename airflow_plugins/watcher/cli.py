@@ -31,7 +31,7 @@ def _moment(text: str) -> datetime:
 
 def _run(_: argparse.Namespace) -> int:
     from airflow_plugins import sla
-    from airflow_plugins.watcher.dags import opted_in_dags
+    from airflow_plugins.watcher.dags import protected_dags
     from airflow_plugins.watcher.service import Watcher, load_callback, serve_health
 
     sla.initialise_metrics()
@@ -42,7 +42,7 @@ def _run(_: argparse.Namespace) -> int:
     with LeaseStore(settings.lease_store_dsn()) as store:
         watcher = Watcher(
             store,
-            opted_in_dags,
+            protected_dags,
             lookback=settings.lookback(),
             on_missed=load_callback(settings.callback_path()),
         )
@@ -59,7 +59,7 @@ def _run(_: argparse.Namespace) -> int:
 
 
 def _gaps(args: argparse.Namespace) -> int:
-    from airflow_plugins.watcher.dags import opted_in_dags
+    from airflow_plugins.watcher.dags import protected_dags
     from airflow_plugins.watcher.reads import evaluate
 
     now = datetime.now(UTC)
@@ -67,7 +67,7 @@ def _gaps(args: argparse.Namespace) -> int:
     since = _moment(args.since) if args.since else until - timedelta(days=1)
     counts = {status.value: 0 for status in RunStatus}
     with LeaseStore(settings.lease_store_dsn()) as store, store.connection() as conn:
-        for dag in opted_in_dags(now):
+        for dag in protected_dags(now):
             if args.dag and dag.dag_id not in args.dag:
                 continue
             for report in evaluate(conn, dag, since, until, now, lags=False):

@@ -1,7 +1,7 @@
 """The protected DAGs the watcher checks, read from Airflow's metadata database.
 
 The watcher is not task code: it may read the metadata database (serialized DAGs and their
-tags), which is how it learns each opted-in DAG's timetable without a running scheduler.
+tags), which is how it learns each protected DAG's timetable without a running scheduler.
 """
 
 from __future__ import annotations
@@ -64,40 +64,92 @@ def schedule_interval(schedule: TimetableSchedule, around: datetime) -> timedelt
     return None
 
 
-def opted_in_dags(now: datetime) -> list[WatchedDag]:
-    """The unpaused, non-stale DAGs carrying the opt-in tag, with their timetables.
+def protected_dags(now: datetime) -> list[WatchedDag]:
+    """The unpaused, non-stale protected DAGs, with their timetables.
 
-    A paused DAG is not watched (pausing is a deliberate act, visible in Airflow). Runs are
-    expected from the later of the DAG's start date and the moment this Airflow first saw the
-    DAG (its first DAG version), so deploying a DAG with an old start date does not report
-    years of runs it was never asked to make.
+    A DAG is protected as the listener judges it (``airflow_plugins.listener.dag_is_protected``):
+    it carries the opt-in tag, or it has an exactly-once task (``ExactlyOnceOperator``,
+    ``@exactly_once_task``) without the tag. A paused DAG is not watched (pausing is a
+    deliberate act, visible in Airflow). Runs are expected from the later of the DAG's start
+    date and the moment this Airflow first saw the DAG (its first DAG version), so deploying a
+    DAG with an old start date does not report years of runs it was never asked to make.
+
+    Each DAG's latest serialization is deserialized once per version (``dag_hash``) and kept,
+    so a look reads only hashes for DAGs that did not change.
     """
     from airflow.models.dag import DagModel, DagTag
     from airflow.models.dag_version import DagVersion
-    from airflow.models.serialized_dag import SerializedDagModel
     from airflow.utils.session import create_session
     from sqlalchemy import func, select
+
+    from airflow_plugins.listener import dag_is_protected
 
     tag = settings.opt_in_tag()
     watched = []
     with create_session() as session:
         rows = session.execute(
             select(DagModel.dag_id, func.min(DagVersion.created_at))
-            .join(DagTag, DagTag.dag_id == DagModel.dag_id)
             .join(DagVersion, DagVersion.dag_id == DagModel.dag_id)
-            .where(
-                DagTag.name == tag,
-                DagModel.is_stale.is_(False),
-                DagModel.is_paused.is_(False),
-            )
+            .where(DagModel.is_stale.is_(False), DagModel.is_paused.is_(False))
             .group_by(DagModel.dag_id)
         ).all()
+        tagged = set(session.scalars(select(DagTag.dag_id).where(DagTag.name == tag)))
+        latest = _latest_hashes(session, [dag_id for dag_id, _ in rows])
         for dag_id, first_seen in sorted(rows):
-            dag = SerializedDagModel.get_dag(dag_id, session=session)
+            dag = _dag_of_version(session, dag_id, latest.get(dag_id))
             if dag is None or dag.timetable is None or not dag.timetable.can_be_scheduled:
                 continue
-            watched.append(watched_dag(dag, now, first_seen=first_seen))
+            if dag_id in tagged or dag_is_protected(dag):
+                watched.append(watched_dag(dag, now, first_seen=first_seen))
     return watched
+
+
+# dag_id -> (dag_hash, the deserialized DAG of that version)
+_dags: dict[str, tuple[str, Any]] = {}
+
+
+def _latest_hashes(session: Any, dag_ids: list[str]) -> dict[str, str]:
+    """The ``dag_hash`` of each DAG's latest serialized version (no DAG data read)."""
+    from airflow.models.dag_version import DagVersion
+    from airflow.models.serialized_dag import SerializedDagModel
+    from sqlalchemy import func, select
+
+    if not dag_ids:
+        return {}
+    newest = (
+        select(DagVersion.dag_id, func.max(DagVersion.version_number).label("number"))
+        .join(SerializedDagModel, SerializedDagModel.dag_version_id == DagVersion.id)
+        .where(DagVersion.dag_id.in_(dag_ids))
+        .group_by(DagVersion.dag_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(SerializedDagModel.dag_id, SerializedDagModel.dag_hash)
+        .join(DagVersion, SerializedDagModel.dag_version_id == DagVersion.id)
+        .join(
+            newest,
+            (DagVersion.dag_id == newest.c.dag_id) & (DagVersion.version_number == newest.c.number),
+        )
+    ).all()
+    return {str(dag_id): str(dag_hash) for dag_id, dag_hash in rows}
+
+
+def _dag_of_version(session: Any, dag_id: str, dag_hash: str | None) -> Any:
+    """The DAG of its latest serialized version, deserialized only when that version is new."""
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    if dag_hash is None:
+        _dags.pop(dag_id, None)
+        return None
+    kept = _dags.get(dag_id)
+    if kept is not None and kept[0] == dag_hash:
+        return kept[1]
+    row = SerializedDagModel.get(dag_id, session=session)
+    if row is None:
+        return None
+    dag = row.dag
+    _dags[dag_id] = (str(row.dag_hash), dag)
+    return dag
 
 
 def watched_dag(dag: Any, now: datetime, *, first_seen: datetime | None = None) -> WatchedDag:

@@ -1,11 +1,12 @@
 """The watcher: looks at every protected DAG on a fixed beat, apart from the schedulers.
 
-Each look judges the runs every opted-in DAG expected over the lookback window. A run that
-becomes missed is reported once: an audit row (event ``missed_run``, so the audit page and a
-restarted watcher know), the counter ``exactly_once.watcher.missed`` and the configured
-callback (route it to paging). Open late and missed runs are gauges. A run that is done has its
-schedule lags exported (``airflow_plugins.sla``). A missed run is reported at most one poll
-interval after its deadline passes.
+Each look judges the runs every protected DAG (tagged, or with an exactly-once task) expected
+over the lookback window. A run that becomes missed is reported once: an audit row (event
+``missed_run``, so the audit page and a restarted watcher know), the counter
+``exactly_once.watcher.missed`` and the configured callback (route it to paging). Open late and
+missed runs are gauges. A run that is done has its schedule lags exported
+(``airflow_plugins.sla``). A missed run is reported at most one poll interval after its deadline
+passes.
 
 Health: ``/health`` on the configured port answers 200 while looks succeed and 503 when the
 last good look is older than three poll intervals (the lease store or the metadata database is
