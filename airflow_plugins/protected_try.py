@@ -394,6 +394,24 @@ def run_try(
     except InvalidLeaseInput as exc:
         raise _retryable(f"exactly-once: {exc}") from exc
     try:
+        return _decide(task, store, target, protection, body, audit_input)
+    finally:
+        # the try is done with the store: its connection is closed now, while the task still
+        # runs, not torn down with the process after Airflow's supervisor has seen the task's
+        # sockets close (a failed try's listener hook opens another)
+        store.close()
+
+
+def _decide(
+    task: Any,
+    store: LeaseStore,
+    target: TaskTarget,
+    protection: Protection,
+    body: Callable[[Fence], Any],
+    audit_input: Any,
+) -> Any:
+    """Acquires the try's lease and acts on the outcome: runs, defers, or returns the result."""
+    try:
         got = acquire(store, target, protection, audit_input)
     except LeaseStoreUnavailable as exc:
         from airflow_plugins.triggers import LeaseStoreReachableTrigger

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from airflow import settings
 from airflow.dag_processing.dagbag import DagBag
@@ -222,14 +223,25 @@ def test_parsing_to_run_a_protected_task_warms_the_connection_its_try_uses(
     # the task runner parses the DAG file with the parsing context naming the task it runs
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "policy_tagged")
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    opened: list[str] = []
+    real_connect = psycopg.connect
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("application_name") == "runlease":  # the lease store's connections
+            opened.append(str(args[0]))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "connect", connect)
     with _policy_registered():
         task = DagBag(str(DAGS)).dags["policy_tagged"].get_task(task_id)
     warmed = wait_for(lambda: store_backends(plugin_env["lease"]))
     assert len(warmed) == 1
 
     task.execute(context=task_context(task, logical_date=NIGHT))
-    # the try (acquire, complete) ran on the warmed connection: no second one was opened
-    assert store_backends(plugin_env["lease"]) == warmed
+    # the try (acquire, complete) ran on the warmed connection: no second one was opened; and
+    # the try closed it when it was done, not leaving it to the process's end
+    assert len(opened) == 1
+    assert wait_for(lambda: not store_backends(plugin_env["lease"]))  # its backend ends
     with LeaseStore(plugin_env["lease"]) as store:
         row = store.get(f"policy_tagged/{task_id}/2024-02-15")
     assert row is not None
