@@ -61,3 +61,34 @@ def test_the_benchmark_runs_quick_and_prints_one_json_line_last() -> None:
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     # it dropped the database it made
     assert _bench_databases() - before == set()
+
+
+BACKEND_CPU = Path(__file__).parents[2] / "bench" / "backend_cpu.py"
+
+
+@pytest.mark.slow
+def test_the_backend_cpu_bench_runs_and_drops_its_database() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BACKEND_CPU), "--dsn", ADMIN_DSN, "--tries", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tries_per_kind"] == 3
+    figures = result["server_cpu_ms_p50"]
+    for kind, first in (("with_warm_up", "start_and_warm_up"), ("without_warm_up", "start")):
+        steps = figures[kind]
+        assert all(steps[step] > 0 for step in (first, "acquire", "complete")), steps
+        assert steps["total"] > steps[first]  # each try's total holds its start
+    assert set(result["ratios"]) == {
+        "total_with_over_without_warm_up",
+        "on_the_try_path_with_over_without_warm_up",
+    }
+    with psycopg.connect(ADMIN_DSN) as conn:
+        left = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = 'eo_bench_backend_cpu'"
+        ).fetchall()
+    assert left == []
