@@ -26,6 +26,10 @@ need a configured Airflow). Each can also be set by environment, Airflow's usual
 ``wait_poll_interval``
     ``5``. Seconds between lease-store checks of a deferred task waiting for a held lease or
     for the lease store to come back.
+``agent_socket``
+    empty. The Unix socket of this host's lease agent (``runlease agent``): protected tries
+    send their lease statements there instead of each opening a connection to the store.
+    Tries connect themselves when no agent answers there.
 ``router``
     empty. ``module:attribute`` of a ``Router`` (see ``airflow_plugins.routing``) that decides
     per run whether protected work runs in Airflow or is handed to another engine.
@@ -70,6 +74,7 @@ OPTIONS: dict[str, Option] = {
         Option("wait_poll_interval", float, "5", "seconds between checks while deferred"),
         Option("wait_at_least", float, "10", "seconds a deferred task waits before resuming"),
         Option("router", str, "", "module:attribute of the Router deciding the engine"),
+        Option("agent_socket", str, "", "Unix socket of this host's lease agent (runlease agent)"),
     )
 }
 
@@ -156,6 +161,11 @@ def wait_at_least() -> float:
 def router_path() -> str:
     """``module:attribute`` of the configured router, or empty."""
     return _raw("router")
+
+
+def agent_socket() -> str:
+    """The Unix socket of this host's lease agent, or empty (none)."""
+    return _raw("agent_socket")
 
 
 def _number(name: str, kind: type[int] | type[float]) -> float:
@@ -249,7 +259,7 @@ def sink_dsn(conn_id: str) -> str:
     return dsn_of_connection(BaseHook.get_connection(conn_id))
 
 
-_stores: dict[tuple[str, float, int, float], LeaseStore] = {}
+_stores: dict[tuple[str, float, int, float, str], LeaseStore] = {}
 _stores_lock = threading.Lock()
 
 
@@ -260,12 +270,16 @@ def lease_store(dsn: str | None = None, *, connect_timeout: float = 5.0) -> Leas
     connection per call.
     """
     dsn = dsn or lease_dsn()
-    cache_key = (dsn, connect_timeout, horizon_days(), ttl())
+    cache_key = (dsn, connect_timeout, horizon_days(), ttl(), agent_socket())
     with _stores_lock:
         store = _stores.get(cache_key)
         if store is None:
             store = LeaseStore(
-                dsn, ttl=cache_key[3], horizon_days=cache_key[2], connect_timeout=connect_timeout
+                dsn,
+                ttl=cache_key[3],
+                horizon_days=cache_key[2],
+                connect_timeout=connect_timeout,
+                agent_socket=cache_key[4] or None,
             )
             _stores[cache_key] = store
         return store

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
                                                 [--admin-dsn postgresql://postgres@127.0.0.1:5432/postgres]
-                                                [--parallelism 8] [--schedulers 1] [--pgbouncer]
+                                                [--parallelism 8] [--schedulers 1]
+                                                [--pgbouncer | --agent]
                                                 [--min-heartbeat-interval 1] [--profile DIR]
 
 It starts one Airflow stack (``--schedulers`` schedulers with LocalExecutor, default one;
@@ -56,6 +57,11 @@ Measured:
 port ``--port-base`` + 10, the ``pgbouncer`` binary must be installed) between the tasks and
 the lease store: a task process then connects to the pooler instead of starting a new Postgres
 backend, whose start-up and first calls of the lease functions are most of a cold task's cost.
+
+``--agent`` starts a lease agent (``runlease agent``) on a Unix socket and sets
+``[exactly_once] agent_socket``: a task process sends its acquire and finish to the agent,
+which runs them on connections it keeps open, and opens no connection itself. The server CPU
+per try then includes the agent's own CPU and its backends'.
 
 ``--parallelism`` is ``[core] parallelism``, the tasks running at once. Above the machine's
 cores, a task's wall time includes waiting for a core at each wake-up (after each round trip
@@ -198,6 +204,39 @@ class PgBouncer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class Agent:
+    """A lease agent (``runlease agent``) for one store (for ``--agent``)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.folder = Path(tempfile.mkdtemp(prefix="eo-bench-agent-"))
+        self.socket = str(self.folder / "agent.sock")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Starts the agent; waits until it answers for the store."""
+        runlease = Path(sys.executable).with_name("runlease")
+        with (self.folder / "agent.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                [str(runlease), "--dsn", self.dsn, "agent", "--socket", self.socket],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        store = LeaseStore(self.dsn, agent_socket=self.socket)
+        assert store.agent is not None
+        wait_until(store.agent.ping, timeout=30, what="lease agent")
+
+    def stop(self) -> None:
+        """Stops the agent (by its pid) and removes its folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Bench:
     """One stack, two DAGs, alternating batches."""
 
@@ -209,6 +248,7 @@ class Bench:
         port_base: int,
         *,
         pgbouncer: bool = False,
+        agent: bool = False,
         parallelism: int = 8,
         schedulers: int = 1,
         min_heartbeat_interval: int = 1,
@@ -223,6 +263,8 @@ class Bench:
         self.profile_dir = profile_dir
         self.use_pgbouncer = pgbouncer
         self.pooler: PgBouncer | None = None
+        self.use_agent = agent
+        self.agent: Agent | None = None
         self.batch = batch
         self.pairs = max(2, math.ceil(tasks / batch))
         self.port_base = port_base
@@ -245,6 +287,12 @@ class Bench:
             self.pooler.start()
             task_dsn = self.pooler.dsn
             say(f"lease store behind PgBouncer on port {self.pooler.port}")
+        agent_env = {}
+        if self.use_agent:
+            self.agent = Agent(self.lease_dsn)
+            self.agent.start()
+            agent_env["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"] = self.agent.socket
+            say(f"lease agent on {self.agent.socket}")
         self.stack = AirflowStack(
             self.metadata_dsn,
             dag_folders={"bench": DAGS},
@@ -257,7 +305,8 @@ class Bench:
                 "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
                 "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(self.min_heartbeat_interval),
             }
-            | ({"EO_BENCH_PROFILE": self.profile_dir} if self.profile_dir else {}),
+            | ({"EO_BENCH_PROFILE": self.profile_dir} if self.profile_dir else {})
+            | agent_env,
             port_base=self.port_base,
             schedulers=self.schedulers,
         )
@@ -283,6 +332,8 @@ class Bench:
             self.stack.stop()
         if self.pooler is not None:
             self.pooler.stop()
+        if self.agent is not None:
+            self.agent.stop()
         shutil.rmtree(self.timings_dir, ignore_errors=True)
         for dsn in (self.metadata_dsn, self.lease_dsn):
             if dsn:
@@ -342,22 +393,29 @@ class Bench:
 
         Direct: each try's new backend, read just before the try closes it. Through
         PgBouncer: the pooled backends' CPU and the pooler's, summed before and after each
-        try (they outlive it and any of them may serve it)."""
+        try (they outlive it and any of them may serve it). Through the agent: the agent's
+        CPU (all its threads) and its backends', the same way."""
         spent: list[float] = []
         holder = Holder.process("eo-bench-server-cpu")
+        shared = self.pooler is not None or self.agent is not None
         for n in range(tries):
-            store = LeaseStore(self.pooler.dsn if self.pooler is not None else self.lease_dsn)
+            store = LeaseStore(
+                self.pooler.dsn if self.pooler is not None else self.lease_dsn,
+                agent_socket=self.agent.socket if self.agent is not None else None,
+            )
             try:
-                before = self._pooled_backends_cpu() if self.pooler is not None else 0.0
-                with store.connection() as conn:
-                    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
-                assert row is not None
+                before = self._pooled_backends_cpu() if shared else 0.0
+                row = None
+                if not shared:
+                    with store.connection() as conn:
+                        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
                 store.warm_up()
                 got = store.acquire(f"eo-bench/server-cpu/{n}", holder)
                 store.complete(got.lease, n)
-                if self.pooler is not None:
+                if shared:
                     used = self._pooled_backends_cpu() - before
                 else:
+                    assert row is not None
                     used = _backend_cpu_ms(row["pid"])
             finally:
                 store.close()
@@ -368,20 +426,30 @@ class Bench:
 
     def _pooled_backends_cpu(self) -> float:
         """The summed CPU milliseconds of the lease store's backends other than this one,
-        and of the pooler itself."""
-        assert self.pooler is not None
-        assert self.pooler.proc is not None
+        and of the pooler or the agent itself."""
+        owner = self.pooler or self.agent
+        helper = owner.proc if owner is not None else None
+        assert helper is not None
         with psycopg.connect(self.lease_dsn, autocommit=True) as conn:
             pids = conn.execute(
                 "SELECT pid FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchall()
-        return _backend_cpu_ms(self.pooler.proc.pid) + sum(_backend_cpu_ms(p) for (p,) in pids)
+        return _backend_cpu_ms(helper.pid, threads=True) + sum(_backend_cpu_ms(p) for (p,) in pids)
 
 
-def _backend_cpu_ms(pid: int) -> float:
-    """A local process's CPU milliseconds so far (NaN when it is not on this host)."""
+def _backend_cpu_ms(pid: int, *, threads: bool = False) -> float:
+    """A local process's CPU milliseconds so far (NaN when it is not on this host); with
+    ``threads``, of all its threads (``/proc/<pid>/schedstat`` counts the first one only)."""
     try:
+        if threads:
+            return (
+                sum(
+                    int(t.joinpath("schedstat").read_text().split()[0])
+                    for t in Path(f"/proc/{pid}/task").iterdir()
+                )
+                / 1e6
+            )
         return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
     except OSError:
         return math.nan
@@ -506,7 +574,11 @@ def summarise(
     half = t_quantile(len(per_pair) - 1) * statistics.stdev(per_pair) / math.sqrt(len(per_pair))
     added = by_kind[PROTECTED]["plugin_ms"]
     figures: dict[str, Any] = {
-        "lease_store_via": "pgbouncer (transaction mode)" if bench.use_pgbouncer else "direct",
+        "lease_store_via": "pgbouncer (transaction mode)"
+        if bench.use_pgbouncer
+        else "lease agent"
+        if bench.use_agent
+        else "direct",
         "tasks_per_kind": len(added),
         "parallelism": bench.parallelism,
         "schedulers": bench.schedulers,
@@ -598,8 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--admin-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres", help="server"
     )
-    parser.add_argument(
+    via = parser.add_mutually_exclusive_group()
+    via.add_argument(
         "--pgbouncer", action="store_true", help="tasks reach the lease store through PgBouncer"
+    )
+    via.add_argument(
+        "--agent", action="store_true", help="tasks send lease statements to a lease agent"
     )
     parser.add_argument(
         "--parallelism", type=int, default=8, help="[core] parallelism: tasks running at once"
@@ -628,6 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch,
         args.port_base,
         pgbouncer=args.pgbouncer,
+        agent=args.agent,
         parallelism=args.parallelism,
         schedulers=args.schedulers,
         min_heartbeat_interval=args.min_heartbeat_interval,

@@ -6,8 +6,10 @@
     runlease force-release KEY --reason "..."
     runlease override KEY --reason "..." [--business-date 2024-02-15]
     runlease maintain [--prune]
+    runlease agent [--socket PATH] [--workers 8] [--no-prepare] [--mode 600]
 
-The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable.
+The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable
+(``agent`` also reads the plugin's ``[exactly_once]`` options when Airflow is installed).
 Administrative changes record the actor (``--actor``, default the login name) and the reason.
 """
 
@@ -72,7 +74,48 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--prune", action="store_true", help="drop old audit months and leases")
     mt.add_argument("--horizon-days", type=int, default=400)
     mt.add_argument("--audit-keep-months", type=int, default=14)
+    ag = sub.add_parser("agent", help="serve protected tries' lease statements on a socket")
+    ag.add_argument("--socket", help="Unix socket (default: [exactly_once] agent_socket)")
+    ag.add_argument("--workers", type=int, default=8, help="requests served at once")
+    ag.add_argument(
+        "--no-prepare",
+        dest="prepare",
+        action="store_false",
+        help="prepare nothing on the server (behind a transaction pooler before PgBouncer 1.21)",
+    )
+    ag.add_argument(
+        "--mode", type=lambda text: int(text, 8), default=0o600, help="socket permissions (octal)"
+    )
     return parser
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import logging
+
+    from airflow_plugins.lease import agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    dsn, path = args.dsn, args.socket
+    if not dsn or not path:
+        try:
+            from airflow_plugins import config
+        except ImportError:  # no Airflow here: both must be given
+            config = None  # type: ignore[assignment]
+        if config is not None:
+            try:
+                dsn = dsn or config.lease_dsn()
+            except LeaseError as exc:
+                print(f"runlease agent: {exc}", file=sys.stderr)
+                return 2
+            path = path or config.agent_socket()
+    if not dsn or not path:
+        print(
+            f"runlease agent: name the lease store (--dsn, ${DSN_ENV} or [exactly_once]) and "
+            "the socket (--socket or [exactly_once] agent_socket)",
+            file=sys.stderr,
+        )
+        return 2
+    return agent.run(dsn, path, workers=args.workers, prepare=args.prepare, mode=args.mode)
 
 
 def _login() -> str:
@@ -140,6 +183,8 @@ def _maintain(store: LeaseStore, args: argparse.Namespace) -> None:
 def run(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code."""
     args = _parser().parse_args(argv)
+    if args.command == "agent":
+        return _agent(args)
     if not args.dsn and not (args.command == "migrate" and args.sink):
         print(f"runlease: name the lease store with --dsn or ${DSN_ENV}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease import audit_payload
+from airflow_plugins.lease.agent_client import AgentClient
 from airflow_plugins.lease.connections import StoreConnections
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost
 from airflow_plugins.lease.holder import Holder
@@ -169,6 +170,9 @@ class LeaseStore:
         pool_size: most connections this store opens at once (one it keeps for the hot path,
             the others pooled for calls made while that one is busy).
         connect_timeout: seconds to wait for a connection before failing closed.
+        agent_socket: the Unix socket of a lease agent (``airflow_plugins.lease.agent``) that
+            runs the hot statements (acquire, renew, finish) on its warm connections; when no
+            agent listens there, or it serves another store, they run on the store's own.
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class LeaseStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         pool_size: int = 4,
         connect_timeout: float = 5.0,
+        agent_socket: str | None = None,
     ) -> None:
         self.ttl = check_ttl(ttl)
         if horizon_days < 1:
@@ -195,6 +200,12 @@ class LeaseStore:
         )
         # the connection of a serialized() block, for calls made on that block's thread
         self._serializing = threading.local()
+        # the agent's own wait for a connection, the statement, and a margin
+        self.agent = (
+            AgentClient(agent_socket, conninfo, timeout=2 * connect_timeout + 5)
+            if agent_socket
+            else None
+        )
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -242,7 +253,11 @@ class LeaseStore:
             return conn.execute(query(name), params).fetchall()
 
     def _tuples(self, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        # the hot path: tuple rows, no per-row dict
+        # the hot path: tuple rows, no per-row dict; through the agent when there is one
+        if self.agent is not None and getattr(self._serializing, "conn", None) is None:
+            rows = self.agent.tuples(name, params)
+            if rows is not None:
+                return rows
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(query(name), params).fetchall()
 
@@ -259,9 +274,14 @@ class LeaseStore:
         prewarm``): calls made from other threads meanwhile wait for the connection it opens.
         A failure is only logged; the next call reports it.
 
+        With a lease agent, asks the agent instead (the try's statements go there); the store's
+        own connection is warmed only when the agent does not answer for this store.
+
         Returns:
-            whether the warm-up's statement ran.
+            whether the warm-up's statement ran (or the agent answered).
         """
+        if self.agent is not None and self.agent.ping():
+            return True
         # tokens start at 1: this finish matches no lease and writes no audit row
         nothing = {
             "key": "warm-up",

@@ -1,0 +1,253 @@
+"""The lease agent: one long-lived process per host that runs protected tries' lease statements
+on connections it keeps open.
+
+A protected try is a new process: without the agent it opens its own connection to the lease
+store, a new server backend that loads its catalog for the try's two statements. On a busy
+host that connection costs more CPU than everything else the plugin does (``docs/
+airflow_plugin.md``, "What it costs"). With ``[exactly_once] agent_socket`` set, a try sends
+its acquire, renewals and finish to the agent on a Unix socket instead; the agent runs them on
+warm connections with prepared statements.
+
+It relays, it does not decide: each request is one of the store's own statements
+(``wire.AGENT_QUERIES``), run as the try would have run it, in its own transaction, so the
+database still decides every outcome under the lease row's lock, and fencing does not depend on
+the agent. A try that cannot reach the agent connects itself; a request the agent cannot answer
+is a store outage to the try (it defers), exactly as a dropped connection of its own would be.
+
+    runlease agent --socket /run/runlease/agent.sock [--dsn ...] [--workers 8] [--no-prepare]
+
+Each of ``workers`` threads accepts requests on the socket and runs them on a connection of its
+own (made when first needed, checked with an empty statement after ``IDLE_CHECK`` seconds
+unused, so a Postgres restart costs no request). The socket is made ``0600`` (``--mode`` to
+widen it): whoever can open it can take leases, as whoever holds the store's password could.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from airflow_plugins.lease import wire
+from airflow_plugins.lease.queries import query
+
+log = logging.getLogger(__name__)
+
+# a worker's connection unused for this long is checked (an empty statement) before a request
+IDLE_CHECK = 10.0
+# a client that sends no whole request within this long is dropped (it holds a worker meanwhile)
+CLIENT_TIMEOUT = 10.0
+
+
+class LeaseAgent:
+    """Serves lease statements on a Unix socket, each worker thread on its own connection.
+
+    Args:
+        conninfo: the lease store's libpq connection string or URL.
+        socket_path: where to listen.
+        workers: requests served at once (and connections to the store, at most).
+        prepare: prepare the statements on the server (psycopg does from a statement's fifth
+            use). Turn off behind a transaction-mode pooler that cannot keep them (PgBouncer
+            before 1.21, or without ``max_prepared_statements``).
+        connect_timeout: seconds a request waits for a connection before it is answered
+            ``unavailable``.
+        mode: the socket file's permissions.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        socket_path: str | Path,
+        *,
+        workers: int = 8,
+        prepare: bool = True,
+        connect_timeout: float = 5.0,
+        mode: int = 0o600,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.identity = wire.store_identity(conninfo)
+        self.socket_path = Path(socket_path)
+        self.mode = mode
+        self.workers = workers
+        self.served = 0
+        self.failed = 0
+        self._conninfo = conninfo
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": "runlease-agent",
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "prepare_threshold": 5 if prepare else None,
+        }
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._count_lock = threading.Lock()
+
+    def start(self) -> None:
+        """Starts listening and the worker threads (connections are made when needed).
+
+        Raises:
+            RuntimeError: another agent answers on the socket already, or the path is taken.
+        """
+        self._claim_socket()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            listener.bind(str(self.socket_path))
+        finally:
+            os.umask(old)
+        self.socket_path.chmod(self.mode)
+        listener.listen(128)
+        self._listener = listener
+        for n in range(self.workers):
+            thread = threading.Thread(target=self._work, name=f"agent-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info(
+            "runlease agent: serving the lease store %s on %s (%d workers)",
+            self.identity,
+            self.socket_path,
+            self.workers,
+        )
+
+    def _claim_socket(self) -> None:
+        # a socket file left by an agent that died is replaced; a live agent's is not
+        path = self.socket_path
+        if not path.exists() and not path.is_symlink():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise RuntimeError(f"{path} exists and is not a socket; not replacing it")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()
+                return
+        raise RuntimeError(f"another lease agent answers on {path}")
+
+    def stop(self) -> None:
+        """Stops accepting, lets requests in flight finish, removes the socket."""
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the workers blocked in accept
+        listener.close()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self._threads.clear()
+
+    def _work(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        used = 0.0
+        try:
+            while (listener := self._listener) is not None:
+                try:
+                    client, _ = listener.accept()
+                except OSError:
+                    break  # stopped
+                with client:
+                    try:
+                        client.settimeout(CLIENT_TIMEOUT)
+                        line = wire.read_line(client)
+                        if not line:
+                            continue
+                        if conn is not None and time.monotonic() - used > IDLE_CHECK:
+                            conn = self._checked(conn)
+                        answer, conn = self._answer(line, conn)
+                        used = time.monotonic()
+                        client.sendall(answer)
+                    except OSError as exc:
+                        log.warning("runlease agent: a client went away: %s", exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    @staticmethod
+    def _checked(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any] | None:
+        try:
+            conn.execute("")
+            return conn
+        except psycopg.Error:
+            conn.close()
+            return None
+
+    def answer(self, line: bytes) -> bytes:
+        """The answer line to one request line, on a connection of its own (for tests)."""
+        answer, conn = self._answer(line, None)
+        if conn is not None:
+            conn.close()
+        return answer
+
+    def _answer(
+        self, line: bytes, conn: psycopg.Connection[Any] | None
+    ) -> tuple[bytes, psycopg.Connection[Any] | None]:
+        try:
+            body = json.loads(line)
+            store, name = body["store"], body.get("query")
+            if store != self.identity:
+                return wire.answer(refused=f"this agent serves {self.identity}, not {store}"), conn
+            if body.get("ping"):
+                pong = wire.answer(store=self.identity, served=self.served, failed=self.failed)
+                return pong, conn
+            if name not in wire.AGENT_QUERIES:
+                return wire.answer(refused=f"not a statement this agent runs: {name!r}"), conn
+            params = wire.decode_params(body["params"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return wire.answer(refused=f"not a lease agent request: {exc}"), conn
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(self._conninfo, **self._connect_kwargs)
+            with conn.cursor(row_factory=tuple_row) as cursor:
+                rows = cursor.execute(query(name), params).fetchall()
+        except psycopg.Error as exc:
+            self._count(failed=True)
+            if conn is not None and (conn.broken or conn.closed):
+                conn.close()
+                conn = None
+            if isinstance(exc, psycopg.OperationalError) and not isinstance(
+                exc, psycopg.errors.ObjectInUse
+            ):
+                return wire.answer(unavailable=str(exc).strip()), conn
+            return wire.answer(error=str(exc), sqlstate=exc.sqlstate), conn
+        self._count(failed=False)
+        return wire.rows_answer(rows), conn
+
+    def _count(self, *, failed: bool) -> None:
+        with self._count_lock:
+            if failed:
+                self.failed += 1
+            else:
+                self.served += 1
+
+
+def run(conninfo: str, socket_path: str, **options: Any) -> int:
+    """Runs an agent in this process until SIGTERM or SIGINT; returns the exit code."""
+    agent = LeaseAgent(conninfo, socket_path, **options)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    try:
+        agent.start()
+    except (RuntimeError, OSError) as exc:
+        log.error("runlease agent: %s", exc)
+        return 1
+    stopping.wait()
+    log.info("runlease agent: stopping (%d served, %d failed)", agent.served, agent.failed)
+    agent.stop()
+    return 0

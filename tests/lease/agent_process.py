@@ -1,0 +1,53 @@
+"""A lease agent (``runlease agent``) as a process of its own, for tests that kill or stop it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from airflow_plugins.lease import LeaseStore
+from tests.lease.waiting import wait_for
+
+RUNLEASE = Path(sys.executable).with_name("runlease")
+
+
+def agent_backends(dsn: str) -> list[int]:
+    """The server processes of the agent's connections on ``dsn``'s database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'runlease-agent'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+class AgentProcess:
+    """``runlease agent`` as a process of its own, stopped by its pid."""
+
+    def __init__(self, dsn: str, path: Path, *extra: str) -> None:
+        self.path = path
+        self.log = path.with_suffix(".log")
+        with self.log.open("wb") as log:  # the agent keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [str(RUNLEASE), "--dsn", dsn, "agent", "--socket", str(path), *extra],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        probe = LeaseStore(dsn, agent_socket=str(path))
+        assert probe.agent is not None
+        wait_for(lambda: self.proc.poll() is not None or probe.agent.ping(), timeout=30)
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def signal(self, signum: int) -> None:
+        """Sends ``signum`` to the agent."""
+        os.kill(self.proc.pid, signum)
+
+    def stop(self) -> None:
+        """Kills the agent if it still runs, and reaps it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
