@@ -6,7 +6,7 @@
     runlease force-release KEY --reason "..."
     runlease override KEY --reason "..." [--business-date 2024-02-15]
     runlease maintain [--prune]
-    runlease agent [--socket PATH] [--workers 8] [--no-prepare] [--mode 600]
+    runlease agent [--socket PATH] [--workers 8] [--no-prepare] [--mode 600] [--status]
 
 The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable
 (``agent`` also reads the plugin's ``[exactly_once]`` options when Airflow is installed).
@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--mode", type=lambda text: int(text, 8), default=0o600, help="socket permissions (octal)"
     )
+    ag.add_argument(
+        "--status",
+        action="store_true",
+        help="ask the agent on the socket instead: print its status; exit 1 if none answers",
+    )
     return parser
 
 
@@ -115,6 +120,12 @@ def _agent(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.status:
+        from airflow_plugins.lease.agent_client import AgentClient
+
+        status = AgentClient(path, dsn, timeout=10).status()
+        print(json.dumps(status if status is not None else {"socket": path, "answers": False}))
+        return 0 if status is not None else 1
     return agent.run(dsn, path, workers=args.workers, prepare=args.prepare, mode=args.mode)
 
 

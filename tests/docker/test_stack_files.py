@@ -28,6 +28,7 @@ LONG_RUNNING = (
     "airflow-triggerer",
     "bridge-worker",
     "watcher",
+    "lease-agent",
 )
 
 
@@ -132,3 +133,21 @@ def test_the_readme_explains_the_stack() -> None:
     text = (DOCKER / "README.md").read_text()
     for needed in ("docker compose", "watcher", "healthcheck", "two schedulers", "Temporal"):
         assert needed in text, needed
+
+
+def test_the_lease_agent_shares_its_socket_with_the_task_processes(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    agent = services["lease-agent"]
+    assert _command(agent)[:2] == ["runlease", "agent"]
+    assert agent["healthcheck"]["test"][1:] == ["runlease", "agent", "--status"]
+    socket = agent["environment"]["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"]
+    folder = str(Path(socket).parent)
+    for name in ("lease-agent", "airflow-scheduler-1", "airflow-scheduler-2"):
+        env = services[name]["environment"]
+        assert env["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"] == socket, name
+        assert f"lease-agent:{folder}" in services[name]["volumes"], name
+    assert "lease-agent" in compose["volumes"]
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert f"mkdir -p {folder} && chown airflow" in dockerfile

@@ -324,10 +324,31 @@ def test_the_agent_command_refuses_a_live_agents_socket_and_a_file(
     assert plain.read_text() == "keep me"
 
 
-def test_the_agent_stops_on_sigterm_and_removes_its_socket(
-    agent_process: AgentProcess, socket_path: Path
+def _status(dsn: str, path: Path) -> tuple[int, dict[str, object]]:
+    done = subprocess.run(
+        [str(RUNLEASE), "--dsn", dsn, "agent", "--socket", str(path), "--status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_agent_reports_its_status_and_stops_on_sigterm_removing_its_socket(
+    lease_db: str, agent_process: AgentProcess, socket_path: Path
 ) -> None:
+    with LeaseStore(lease_db, ttl=5.0, agent_socket=str(socket_path)) as store:
+        store.acquire(f"status/{DAY}", Holder.process("counted"))
+    code, status = _status(lease_db, socket_path)
+    assert code == 0
+    assert status["served"] == 1
+    assert status["failed"] == 0
+    assert status["store"] == wire.store_identity(lease_db)
+
     agent_process.signal(signal.SIGTERM)
     assert agent_process.proc.wait(timeout=30) == 0
     assert not socket_path.exists()
-    assert "stopping (" in agent_process.log.read_text()
+    assert "stopping (1 served, 0 failed)" in agent_process.log.read_text()
+    code, status = _status(lease_db, socket_path)
+    assert code == 1
+    assert status == {"socket": str(socket_path), "answers": False}
