@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +42,13 @@ class AgentClient:
         self.store = wire.store_identity(conninfo)
         self.timeout = timeout
         self.refused: str | None = None  # why this process stopped asking the agent
+
+    def listening(self) -> bool:
+        """Whether a socket is at the agent's path (without asking it anything)."""
+        try:
+            return stat.S_ISSOCK(os.stat(self.path).st_mode)
+        except OSError:
+            return False
 
     def ping(self) -> bool:
         """Whether the agent answers for this client's store (a warm-up for the first call)."""

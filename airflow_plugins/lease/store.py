@@ -274,13 +274,15 @@ class LeaseStore:
         prewarm``): calls made from other threads meanwhile wait for the connection it opens.
         A failure is only logged; the next call reports it.
 
-        With a lease agent, asks the agent instead (the try's statements go there); the store's
-        own connection is warmed only when the agent does not answer for this store.
+        With a lease agent's socket in place, nothing is warmed: the try's statements go to the
+        agent, whose connections are warm (asking it here would only cost it a request). The
+        store's own connection is warmed when there is no such socket; a try whose agent turns
+        out dead or refuses it connects cold.
 
         Returns:
-            whether the warm-up's statement ran (or the agent answered).
+            whether the warm-up's statement ran (or an agent's socket is there).
         """
-        if self.agent is not None and self.agent.ping():
+        if self.agent is not None and self.agent.listening():
             return True
         # tokens start at 1: this finish matches no lease and writes no audit row
         nothing = {

@@ -75,7 +75,7 @@ def test_a_try_through_the_agent_opens_no_connection_of_its_own(
 ) -> None:
     key = f"billing_nightly/charge/{DAY}"
     with LeaseStore(lease_db, ttl=5.0, agent_socket=str(agent_process.path)) as store:
-        assert store.warm_up()  # a ping of the agent, not a connection of its own
+        assert store.warm_up()  # the agent's socket is there: nothing to warm, nothing asked
         first = Holder.process("first")
         got = store.acquire(key, first, business_date=DAY, input={"customers": 340})
         assert got.granted
@@ -173,6 +173,18 @@ def test_an_agent_killed_between_tries_costs_the_next_try_nothing(
             assert store.agent.refused is None
     finally:
         restarted.stop()
+
+
+def test_warm_up_asks_nothing_of_the_agent_and_warms_the_store_when_there_is_none(
+    lease_db: str, agent_in_process: LeaseAgent, socket_path: Path, tmp_path: Path
+) -> None:
+    with LeaseStore(lease_db, ttl=5.0, agent_socket=str(socket_path)) as store:
+        assert store.warm_up()
+        assert agent_in_process.served + agent_in_process.failed == 0
+        assert store_backends(lease_db) == []
+    with LeaseStore(lease_db, ttl=5.0, agent_socket=str(tmp_path / "none.sock")) as store:
+        assert store.warm_up()  # no agent here: the store's own connection is opened
+        assert len(store_backends(lease_db)) == 1
 
 
 def test_a_request_in_flight_when_the_agent_dies_is_an_outage_not_a_grant(
