@@ -77,14 +77,13 @@ def protected_dags(now: datetime) -> list[WatchedDag]:
     Each DAG's latest serialization is deserialized once per version (``dag_hash``) and kept,
     so a look reads only hashes for DAGs that did not change.
     """
-    from airflow.models.dag import DagModel, DagTag
+    from airflow.models.dag import DagModel
     from airflow.models.dag_version import DagVersion
     from airflow.utils.session import create_session
     from sqlalchemy import func, select
 
     from airflow_plugins.listener import dag_is_protected
 
-    tag = settings.opt_in_tag()
     watched = []
     with create_session() as session:
         rows = session.execute(
@@ -93,13 +92,14 @@ def protected_dags(now: datetime) -> list[WatchedDag]:
             .where(DagModel.is_stale.is_(False), DagModel.is_paused.is_(False))
             .group_by(DagModel.dag_id)
         ).all()
-        tagged = set(session.scalars(select(DagTag.dag_id).where(DagTag.name == tag)))
         latest = _latest_hashes(session, [dag_id for dag_id, _ in rows])
+        for gone in set(_dags) - {dag_id for dag_id, _ in rows}:
+            del _dags[gone]  # paused, stale or deleted since: not kept for ever
         for dag_id, first_seen in sorted(rows):
             dag = _dag_of_version(session, dag_id, latest.get(dag_id))
             if dag is None or dag.timetable is None or not dag.timetable.can_be_scheduled:
                 continue
-            if dag_id in tagged or dag_is_protected(dag):
+            if dag_is_protected(dag):  # the opt-in tag, or an exactly-once task
                 watched.append(watched_dag(dag, now, first_seen=first_seen))
     return watched
 

@@ -45,13 +45,6 @@ def lease_store_dsn() -> str:
     return config.lease_dsn(metastore=True)
 
 
-def opt_in_tag() -> str:
-    """The DAG tag that opts a DAG into protection (and into the watcher)."""
-    from airflow_plugins import config
-
-    return config.opt_in_tag()
-
-
 def deadline_for(dag_id: str, interval: timedelta) -> timedelta:
     """How long after its scheduled time a run of ``dag_id`` may finish before it is missed."""
     for part in _get("watcher_deadlines", "").split(","):
