@@ -92,3 +92,52 @@ def test_the_backend_cpu_bench_runs_and_drops_its_database() -> None:
             "SELECT 1 FROM pg_database WHERE datname = 'eo_bench_backend_cpu'"
         ).fetchall()
     assert left == []
+
+
+RUNS_SUMMARY = Path(__file__).parents[2] / "bench" / "runs_summary.py"
+
+
+def _bench_result(via: str, ratio: float, added_p50: float) -> dict[str, object]:
+    # the fields of an operator_overhead.py result that runs_summary.py reads
+    return {
+        "lease_store_via": via,
+        "slot_cycle_ratio": ratio,
+        "throughput_ratio": ratio,
+        "added_in_task_ms": {"p50": added_p50, "p99": 4 * added_p50},
+        "added_in_task_cpu_ms": {"p50": 1.0},
+        "task_process_cpu_ms": {"plain": {"p50": 30.0}, "protected": {"p50": 33.0}},
+        "lease_store_server_cpu_ms": None,
+        "slot_cycle_ms": {"plain": {"mean": 100.0}},
+    }
+
+
+def test_runs_summary_puts_runs_side_by_side_by_way_to_the_store(tmp_path: Path) -> None:
+    files = []
+    for n, (via, ratio) in enumerate([("direct", 0.9), ("direct", 1.0), ("lease agent", 0.98)]):
+        path = tmp_path / f"run-{n}.out"
+        path.write_text("progress\n" + json.dumps(_bench_result(via, ratio, 5.0 + n)) + "\n")
+        files.append(str(path))
+    done = subprocess.run(
+        [sys.executable, str(RUNS_SUMMARY), *files], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    direct = summary["direct"]["slot_cycle_ratio"]
+    assert direct["each"] == [0.9, 1.0]
+    assert direct["mean"] == pytest.approx(0.95)
+    # two runs: t(1) = 12.71 times the standard error 0.05
+    assert direct["ci95_t"] == pytest.approx([0.95 - 0.6355, 0.95 + 0.6355], abs=1e-3)
+    agent = summary["lease agent"]
+    assert agent["slot_cycle_ratio"]["ci95_t"] is None  # one run has no interval
+    assert agent["task_cpu_added_ms"]["mean"] == pytest.approx(3.0)
+    assert "store_cpu_per_try_ms" not in agent  # no server figure in these runs
+
+    (tmp_path / "other.out").write_text('{"not": "a bench result"}\n')
+    bad = subprocess.run(
+        [sys.executable, str(RUNS_SUMMARY), str(tmp_path / "other.out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "not an operator_overhead.py result" in bad.stderr
