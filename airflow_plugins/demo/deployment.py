@@ -57,6 +57,28 @@ def create_database(admin_dsn: str, prefix: str) -> str:
     return with_dbname(admin_dsn, name)
 
 
+# A scheduler killed alone (SIGKILL, the OOM killer) leaves its LocalExecutor workers alive, and
+# they hold a copy of its metadata-database socket (inherited when they were forked): a
+# transaction it had open stays open, with its row locks, until they exit, and the other
+# scheduler skips the locked DAG runs meanwhile (seen: 7 minutes, until the workers were
+# killed). The server ends such a session after this long idle in its transaction.
+METADATA_IDLE_IN_TRANSACTION = "30s"
+
+
+def guard_metadata_database(
+    admin_dsn: str, dsn: str, timeout: str = METADATA_IDLE_IN_TRANSACTION
+) -> None:
+    """Makes the server end a metadata-database session left idle in a transaction for
+    ``timeout`` (sessions started from now on)."""
+    name = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+                sql.Identifier(name), sql.Literal(timeout)
+            )
+        )
+
+
 def drop_database(admin_dsn: str, dsn: str) -> None:
     """Drops a database made by ``create_database`` (ending its sessions)."""
     name = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
@@ -96,6 +118,7 @@ class BillingDeployment:
     def create(self) -> AirflowStack:
         """Creates and prepares the three databases; returns the (not yet started) stack."""
         self.metadata_dsn = create_database(self.admin_dsn, "eo_airflow")
+        guard_metadata_database(self.admin_dsn, self.metadata_dsn)
         self.lease_dsn = create_database(self.admin_dsn, "eo_leases")
         self.sink_dsn = create_database(self.admin_dsn, "eo_billing")
         migrate(self.lease_dsn, LEASE_STORE)

@@ -99,7 +99,9 @@ def test_a_takeover_is_noticed_by_the_old_holders_keeper(store: LeaseStore) -> N
     lost: list[str] = []
 
     with LeaseKeeper(store, old, interval=0.1, on_lost=lost.append) as keeper:
-        wait_for(lambda: keeper.lost, timeout=30)
+        # on_lost runs on the keeper's thread just after ``lost`` is set: wait for the call
+        wait_for(lambda: lost, timeout=30)
+        assert keeper.lost
     assert len(lost) == 1
     assert f"token {old.token}" in lost[0]
     row = store.get(KEY)
