@@ -7,3 +7,7 @@ CREATE DATABASE leases;
 CREATE DATABASE billing;
 CREATE DATABASE temporal;
 CREATE DATABASE temporal_visibility;
+-- a scheduler killed alone leaves its executor workers holding its connection: the server ends
+-- a session idle inside a transaction, so its row locks cannot block the other scheduler
+-- (docs/operating.md, "A scheduler killed alone")
+ALTER DATABASE airflow SET idle_in_transaction_session_timeout = '30s';

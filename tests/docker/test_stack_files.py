@@ -105,6 +105,7 @@ def test_temporal_has_its_own_persistence(compose: dict[str, Any]) -> None:
     init = (DOCKER / "postgres-init.sql").read_text()
     for database in ("airflow", "leases", "billing", "temporal", "temporal_visibility"):
         assert f"CREATE DATABASE {database};" in init
+    assert "ALTER DATABASE airflow SET idle_in_transaction_session_timeout" in init
 
 
 def test_every_service_reaches_the_lease_store_and_metrics(compose: dict[str, Any]) -> None:
