@@ -195,13 +195,7 @@ class PgBouncer:
 
     def stop(self) -> None:
         """Stops the pooler (by its pid) and removes its folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        stop_helper(self.proc, self.folder)
 
 
 class Agent:
@@ -228,13 +222,19 @@ class Agent:
 
     def stop(self) -> None:
         """Stops the agent (by its pid) and removes its folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        stop_helper(self.proc, self.folder)
+
+
+def stop_helper(proc: subprocess.Popen[bytes] | None, folder: Path) -> None:
+    """Stops a helper process the bench started (SIGTERM, SIGKILL after 10 s) by its pid,
+    and removes its folder."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Bench:

@@ -82,12 +82,13 @@ def store(lease_db: str) -> Iterator[LeaseStore]:
         yield s
 
 
-def store_backends(dsn: str) -> list[int]:
-    """The server processes of lease-store connections (``application_name`` runlease) open
-    on ``dsn``'s database."""
+def store_backends(dsn: str, application_name: str = "runlease") -> list[int]:
+    """The server processes of lease-store connections open on ``dsn``'s database: a store's
+    own (``application_name`` runlease), or a lease agent's (runlease-agent)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'runlease'"
+            "AND application_name = %s",
+            (application_name,),
         ).fetchall()
     return [int(r[0]) for r in rows]

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
-
 from airflow_plugins.lease import LeaseStore
+from tests.conftest import store_backends
 from tests.lease.waiting import wait_for
 
 RUNLEASE = Path(sys.executable).with_name("runlease")
@@ -17,12 +16,7 @@ RUNLEASE = Path(sys.executable).with_name("runlease")
 
 def agent_backends(dsn: str) -> list[int]:
     """The server processes of the agent's connections on ``dsn``'s database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'runlease-agent'"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+    return store_backends(dsn, "runlease-agent")
 
 
 class AgentProcess:

@@ -310,39 +310,34 @@ def test_connections_idle_through_a_server_restart_cost_no_request(
         served.stop()
 
 
-def test_the_agent_command_refuses_a_live_agents_socket_and_a_file(
-    lease_db: str, agent_process: AgentProcess, socket_path: Path, tmp_path: Path
-) -> None:
-    second = subprocess.run(
-        [str(RUNLEASE), "--dsn", lease_db, "agent", "--socket", str(socket_path)],
+def _agent_command(dsn: str, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``runlease agent`` on ``path``, run to its end (a refusal, or ``--status``)."""
+    return subprocess.run(
+        [str(RUNLEASE), "--dsn", dsn, "agent", "--socket", str(path), *extra],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_agent_command_refuses_a_live_agents_socket_and_a_file(
+    lease_db: str, agent_process: AgentProcess, socket_path: Path, tmp_path: Path
+) -> None:
+    second = _agent_command(lease_db, socket_path)
     assert second.returncode == 1
     assert "another lease agent answers" in second.stderr
     assert agent_process.proc.poll() is None  # the live one goes on
 
     plain = tmp_path / "not-a-socket"
     plain.write_text("keep me")
-    refused = subprocess.run(
-        [str(RUNLEASE), "--dsn", lease_db, "agent", "--socket", str(plain)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = _agent_command(lease_db, plain)
     assert refused.returncode == 1
     assert "is not a socket" in refused.stderr
     assert plain.read_text() == "keep me"
 
 
 def _status(dsn: str, path: Path) -> tuple[int, dict[str, object]]:
-    done = subprocess.run(
-        [str(RUNLEASE), "--dsn", dsn, "agent", "--socket", str(path), "--status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _agent_command(dsn, path, "--status")
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
