@@ -141,3 +141,29 @@ def test_runs_summary_puts_runs_side_by_side_by_way_to_the_store(tmp_path: Path)
     )
     assert bad.returncode == 2
     assert "not an operator_overhead.py result" in bad.stderr
+
+
+ROUND_TRIPS = Path(__file__).parents[2] / "bench" / "round_trips.py"
+
+
+@pytest.mark.slow
+def test_the_round_trips_bench_times_each_way_on_both_loads_and_cleans_up() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROUND_TRIPS), "--dsn", ADMIN_DSN, "--tries", "5"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tries"] == 5
+    for load in ("idle", "busy"):
+        ways = result[load]
+        assert set(ways) == {"new_connection", "open_connection", "agent"}
+        assert all(0 < w["p50_ms"] <= w["p99_ms"] for w in ways.values()), ways
+        assert ways["open_connection"]["p50_over_open_connection"] == 1.0
+    with psycopg.connect(ADMIN_DSN) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'eo_bench_round_trips%'"
+        ).fetchall()
+    assert left == []
