@@ -94,6 +94,7 @@ class LeaseAgent:
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._count_lock = threading.Lock()
+        self._local = threading.local()
 
     def start(self) -> None:
         """Starts listening and the worker threads (connections are made when needed).
@@ -153,8 +154,9 @@ class LeaseAgent:
         self._threads.clear()
 
     def _work(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        used = 0.0
+        # this worker's connection, kept in a thread-local so that no failure can lose it open
+        self._local.conn = None
+        self._local.used = 0.0
         try:
             while (listener := self._listener) is not None:
                 try:
@@ -167,66 +169,67 @@ class LeaseAgent:
                         line = wire.read_line(client)
                         if not line:
                             continue
-                        if conn is not None and time.monotonic() - used > IDLE_CHECK:
-                            conn = self._checked(conn)
-                        answer, conn = self._answer(line, conn)
-                        used = time.monotonic()
+                        try:
+                            answer = self._answer(line)
+                        except Exception as exc:  # a bug must not cost the agent a worker
+                            log.exception("runlease agent: a request failed")
+                            self._count(failed=True)
+                            answer = wire.answer(unavailable=f"the lease agent failed: {exc}")
                         client.sendall(answer)
                     except OSError as exc:
                         log.warning("runlease agent: a client went away: %s", exc)
         finally:
-            if conn is not None:
-                conn.close()
+            self._drop_connection()
 
-    @staticmethod
-    def _checked(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any] | None:
-        try:
-            conn.execute("")
-            return conn
-        except psycopg.Error:
-            conn.close()
-            return None
+    def _connection(self) -> psycopg.Connection[Any]:
+        """This worker's connection: made when needed, checked after ``IDLE_CHECK`` unused."""
+        conn: psycopg.Connection[Any] | None = self._local.conn
+        if conn is not None and time.monotonic() - self._local.used > IDLE_CHECK:
+            try:
+                conn.execute("")
+            except psycopg.Error:
+                self._drop_connection()
+                conn = None
+        if conn is None or conn.closed:
+            conn = self._local.conn = psycopg.connect(self._conninfo, **self._connect_kwargs)
+        self._local.used = time.monotonic()
+        return conn
 
-    def answer(self, line: bytes) -> bytes:
-        """The answer line to one request line, on a connection of its own (for tests)."""
-        answer, conn = self._answer(line, None)
+    def _drop_connection(self) -> None:
+        conn, self._local.conn = self._local.conn, None
         if conn is not None:
             conn.close()
-        return answer
 
-    def _answer(
-        self, line: bytes, conn: psycopg.Connection[Any] | None
-    ) -> tuple[bytes, psycopg.Connection[Any] | None]:
+    def _answer(self, line: bytes) -> bytes:
         try:
             body = json.loads(line)
             store, name = body["store"], body.get("query")
             if store != self.identity:
-                return wire.answer(refused=f"this agent serves {self.identity}, not {store}"), conn
+                return wire.answer(refused=f"this agent serves {self.identity}, not {store}")
             if body.get("ping"):
-                pong = wire.answer(store=self.identity, served=self.served, failed=self.failed)
-                return pong, conn
+                return wire.answer(store=self.identity, served=self.served, failed=self.failed)
             if name not in wire.AGENT_QUERIES:
-                return wire.answer(refused=f"not a statement this agent runs: {name!r}"), conn
+                return wire.answer(refused=f"not a statement this agent runs: {name!r}")
             params = wire.decode_params(body["params"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return wire.answer(refused=f"not a lease agent request: {exc}"), conn
+            return wire.answer(refused=f"not a lease agent request: {exc}")
         try:
-            if conn is None or conn.closed:
-                conn = psycopg.connect(self._conninfo, **self._connect_kwargs)
+            conn = self._connection()
             with conn.cursor(row_factory=tuple_row) as cursor:
                 rows = cursor.execute(query(name), params).fetchall()
         except psycopg.Error as exc:
             self._count(failed=True)
-            if conn is not None and (conn.broken or conn.closed):
-                conn.close()
-                conn = None
+            current = self._local.conn
+            if current is not None and (current.broken or current.closed):
+                self._drop_connection()
             if isinstance(exc, psycopg.OperationalError) and not isinstance(
                 exc, psycopg.errors.ObjectInUse
             ):
-                return wire.answer(unavailable=str(exc).strip()), conn
-            return wire.answer(error=str(exc), sqlstate=exc.sqlstate), conn
+                return wire.answer(unavailable=str(exc).strip())
+            return wire.answer(error=str(exc), sqlstate=exc.sqlstate)
+        answer = wire.rows_answer(rows)
         self._count(failed=False)
-        return wire.rows_answer(rows), conn
+        return answer
 
     def _count(self, *, failed: bool) -> None:
         with self._count_lock:

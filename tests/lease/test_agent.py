@@ -359,3 +359,32 @@ def test_the_agent_reports_its_status_and_stops_on_sigterm_removing_its_socket(
     code, status = _status(lease_db, socket_path)
     assert code == 1
     assert status == {"socket": str(socket_path), "answers": False}
+
+
+def test_a_request_that_fails_in_the_agent_is_an_outage_and_the_worker_goes_on(
+    lease_db: str, socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_worker = LeaseAgent(lease_db, socket_path, workers=1)
+    one_worker.start()
+    real = wire.rows_answer
+    failures = iter([RuntimeError("cannot encode the rows")])
+
+    def encode_once_badly(rows: list[tuple[object, ...]]) -> bytes:
+        for failure in failures:
+            raise failure
+        return real(rows)
+
+    monkeypatch.setattr(wire, "rows_answer", encode_once_badly)
+    try:
+        with LeaseStore(lease_db, ttl=5.0, agent_socket=str(socket_path)) as store:
+            # the statement ran, its answer was lost: the try must treat it as an outage
+            with pytest.raises(LeaseStoreUnavailable, match="the lease agent failed"):
+                store.acquire(f"agent-bug/{DAY}", Holder.process("first"))
+            row = store.get(f"agent-bug/{DAY}")
+            assert row is not None
+            assert row["state"] == "running"
+            # the one worker is still there and answers the next request
+            assert store.acquire(f"agent-bug/next/{DAY}", Holder.process("second")).granted
+        assert (one_worker.served, one_worker.failed) == (1, 1)
+    finally:
+        one_worker.stop()
