@@ -71,8 +71,9 @@ def _work(
 ) -> None:
     roll = rng.random()
     if roll < 0.04:
-        # stops renewing: comes back after the TTL as a zombie
-        zombies.append((time.monotonic() + lease.ttl + rng.uniform(0.3, 1.0), lease))
+        # stops renewing: comes back after the TTL as a zombie, late enough that another
+        # racer's walk reaches the expired key first (with 0.3-1.0 s, none did once in CI)
+        zombies.append((time.monotonic() + lease.ttl + rng.uniform(1.0, 3.0), lease))
         tally["zombies"] += 1
         return
     time.sleep(rng.uniform(0, 0.002))
