@@ -61,8 +61,10 @@ def create_database(admin_dsn: str, prefix: str) -> str:
 # they hold a copy of its metadata-database socket (inherited when they were forked): a
 # transaction it had open stays open, with its row locks, until they exit, and the other
 # scheduler skips the locked DAG runs meanwhile (seen: 7 minutes, until the workers were
-# killed). The server ends such a session after this long idle in its transaction.
-METADATA_IDLE_IN_TRANSACTION = "30s"
+# killed). The server ends such a session after this long idle in its transaction: shorter
+# than the stacks' scheduler_health_check_threshold (15 s), so the locks are gone before the
+# standby resets the dead scheduler's tasks, as when its connection closes at once.
+METADATA_IDLE_IN_TRANSACTION = "10s"
 
 
 def guard_metadata_database(
