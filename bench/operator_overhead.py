@@ -107,6 +107,7 @@ from airflow_plugins.demo.deployment import (
 )
 from airflow_plugins.demo.stack import ADMIN_USER, AirflowStack, wait_until
 from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
+from airflow_plugins.lease.agent_client import AgentClient
 
 DAGS = Path(__file__).resolve().parent / "operator_overhead_dags"
 PROTECTED, PLAIN = "eo_bench_protected", "eo_bench_plain"
@@ -216,9 +217,8 @@ class Agent:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        store = LeaseStore(self.dsn, agent_socket=self.socket)
-        assert store.agent is not None
-        wait_until(store.agent.ping, timeout=30, what="lease agent")
+        probe = AgentClient(self.socket, self.dsn, timeout=10)
+        wait_until(probe.ping, timeout=30, what="lease agent")
 
     def stop(self) -> None:
         """Stops the agent (by its pid) and removes its folder."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from airflow_plugins.demo.deployment import create_database, drop_database
 from airflow_plugins.demo.stack import wait_until
 from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
+from airflow_plugins.lease.agent_client import AgentClient
 
 WAYS = ("new_connection", "open_connection", "agent")
 
@@ -90,8 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         open_store = LeaseStore(dsn)
         agent_store = LeaseStore(dsn, agent_socket=socket_path)
-        assert agent_store.agent is not None
-        wait_until(agent_store.agent.ping, timeout=30, what="lease agent")
+        wait_until(AgentClient(socket_path, dsn, timeout=10).ping, timeout=30, what="lease agent")
 
         def new_connection(key: str) -> None:
             with LeaseStore(dsn) as store:

@@ -41,6 +41,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from airflow_plugins.lease import wire
+from airflow_plugins.lease.connections import unreachable
 from airflow_plugins.lease.queries import query
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ class LeaseAgent:
         prepare: prepare the statements on the server (psycopg does from a statement's fifth
             use). Turn off behind a transaction-mode pooler that cannot keep them (PgBouncer
             before 1.21, or without ``max_prepared_statements``).
-        connect_timeout: seconds a request waits for a connection before it is answered
-            ``unavailable``.
+        connect_timeout: seconds a worker waits for a new connection to the store before the
+            request is answered ``unavailable``.
         mode: the socket file's permissions.
     """
 
@@ -164,22 +165,27 @@ class LeaseAgent:
                 except OSError:
                     break  # stopped
                 with client:
-                    try:
-                        client.settimeout(CLIENT_TIMEOUT)
-                        line = wire.read_line(client)
-                        if not line:
-                            continue
-                        try:
-                            answer = self._answer(line)
-                        except Exception as exc:  # a bug must not cost the agent a worker
-                            log.exception("runlease agent: a request failed")
-                            self._count(failed=True)
-                            answer = wire.answer(unavailable=f"the lease agent failed: {exc}")
-                        client.sendall(answer)
-                    except OSError as exc:
-                        log.warning("runlease agent: a client went away: %s", exc)
+                    self._serve(client)
         finally:
             self._drop_connection()
+
+    def _serve(self, client: socket.socket) -> None:
+        """Reads one request from ``client`` and sends its answer."""
+        try:
+            client.settimeout(CLIENT_TIMEOUT)
+            line = wire.read_line(client)
+            if line:
+                client.sendall(self._guarded_answer(line))
+        except OSError as exc:
+            log.warning("runlease agent: a client went away: %s", exc)
+
+    def _guarded_answer(self, line: bytes) -> bytes:
+        try:
+            return self._answer(line)
+        except Exception as exc:  # a bug must not cost the agent a worker
+            log.exception("runlease agent: a request failed")
+            self._count(failed=True)
+            return wire.answer(unavailable=f"the lease agent failed: {exc}")
 
     def _connection(self) -> psycopg.Connection[Any]:
         """This worker's connection: made when needed, checked after ``IDLE_CHECK`` unused."""
@@ -222,9 +228,7 @@ class LeaseAgent:
             current = self._local.conn
             if current is not None and (current.broken or current.closed):
                 self._drop_connection()
-            if isinstance(exc, psycopg.OperationalError) and not isinstance(
-                exc, psycopg.errors.ObjectInUse
-            ):
+            if unreachable(exc):
                 return wire.answer(unavailable=str(exc).strip())
             return wire.answer(error=str(exc), sqlstate=exc.sqlstate)
         answer = wire.rows_answer(rows)

@@ -58,7 +58,7 @@ class AgentClient:
         """The agent's answer to a ping (its store, requests ``served`` and ``failed``), or
         None when no agent answers for this client's store."""
         try:
-            answer = self._ask(wire.answer(store=self.store, ping=True))
+            answer = self._ask(wire.ping_request(self.store))
         except LeaseStoreUnavailable as exc:
             log.info("exactly-once: the lease agent did not answer a ping: %s", exc)
             return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.util
 import json
 import os
 import sys
@@ -101,18 +102,15 @@ def _agent(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     dsn, path = args.dsn, args.socket
-    if not dsn or not path:
+    if (not dsn or not path) and importlib.util.find_spec("airflow") is not None:
+        from airflow_plugins import config  # the plugin's own options
+
         try:
-            from airflow_plugins import config
-        except ImportError:  # no Airflow here: both must be given
-            config = None  # type: ignore[assignment]
-        if config is not None:
-            try:
-                dsn = dsn or config.lease_dsn()
-            except LeaseError as exc:
-                print(f"runlease agent: {exc}", file=sys.stderr)
-                return 2
-            path = path or config.agent_socket()
+            dsn = dsn or config.lease_dsn()
+        except LeaseError as exc:
+            print(f"runlease agent: {exc}", file=sys.stderr)
+            return 2
+        path = path or config.agent_socket()
     if not dsn or not path:
         print(
             f"runlease agent: name the lease store (--dsn, ${DSN_ENV} or [exactly_once]) and "

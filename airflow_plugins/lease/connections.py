@@ -37,6 +37,18 @@ KEPT_MAX_IDLE = 60.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
+def unreachable(exc: psycopg.Error) -> bool:
+    """Whether a psycopg error means the store could not be reached or dropped the connection
+    (fail closed, try again later), rather than an answer from the database.
+
+    SQLSTATE class 55 is an ``OperationalError`` in psycopg, but ``ObjectInUse`` is an answer
+    (``approve_rerun`` of a running lease), not an unreachable store.
+    """
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.ObjectInUse
+    )
+
+
 class StoreConnections:
     """Autocommit connections with dict rows to one lease-store database.
 
@@ -94,15 +106,13 @@ class StoreConnections:
                     self._kept_lock.release()
             else:
                 yield from self._pooled_connection()
-        except psycopg.errors.ObjectInUse:
-            # SQLSTATE class 55 is an OperationalError in psycopg, but this one is an answer
-            # (approve_rerun of a running lease), not an unreachable store
-            raise
         except psycopg_pool.PoolTimeout as exc:
             raise LeaseStoreUnavailable(
                 f"lease store unavailable: {exc}: {self._why_no_connection()}"
             ) from exc
         except psycopg.OperationalError as exc:
+            if not unreachable(exc):
+                raise
             raise LeaseStoreUnavailable(f"lease store unavailable: {exc}") from exc
 
     def warm(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:

@@ -71,6 +71,11 @@ def request(store: str, name: str, params: Mapping[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
 
+def ping_request(store: str) -> bytes:
+    """The line asking the agent for its status (the store it serves, its counters)."""
+    return answer(store=store, ping=True)
+
+
 def rows_answer(rows: Sequence[Sequence[Any]]) -> bytes:
     """The line answering with ``rows``."""
     body = {"rows": [[encode(v) for v in row] for row in rows]}
@@ -78,7 +83,7 @@ def rows_answer(rows: Sequence[Sequence[Any]]) -> bytes:
 
 
 def answer(**fields: Any) -> bytes:
-    """Any other answer line (``refused``, ``unavailable``, ``error``, a ``ping``'s)."""
+    """Any other line: an answer (``refused``, ``unavailable``, ``error``, a ping's status)."""
     return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
 
 

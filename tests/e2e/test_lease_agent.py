@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.agent_client import AgentClient
 from tests.e2e.billing_runs import (
     assert_exactly_once,
     audit,
@@ -36,9 +36,7 @@ DELAY = 0.05  # 340 customers: about 17 s of charging, several renewals on each 
 
 
 def _served(lease_dsn: str) -> int:
-    probe = LeaseStore(lease_dsn, agent_socket=str(SOCKET))
-    assert probe.agent is not None
-    answer = probe.agent.status()
+    answer = AgentClient(str(SOCKET), lease_dsn, timeout=10).status()
     assert answer is not None, "the agent does not serve the harness's lease store"
     return int(answer["served"])
 

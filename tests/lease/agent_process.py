@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.agent_client import AgentClient
 from tests.conftest import store_backends
 from tests.lease.waiting import wait_for
 
@@ -31,9 +31,8 @@ class AgentProcess:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        probe = LeaseStore(dsn, agent_socket=str(path))
-        assert probe.agent is not None
-        wait_for(lambda: self.proc.poll() is not None or probe.agent.ping(), timeout=30)
+        probe = AgentClient(str(path), dsn, timeout=10)
+        wait_for(lambda: self.proc.poll() is not None or probe.ping(), timeout=30)
         assert self.proc.poll() is None, self.log.read_text()
 
     def signal(self, signum: int) -> None:

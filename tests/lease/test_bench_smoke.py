@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +18,16 @@ import pytest
 from tests.conftest import ADMIN_DSN
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "lease_throughput.py"
+
+
+def run_bench(script: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
+    """Runs a bench script to its end; returns the JSON object of its last stdout line."""
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def _bench_databases() -> set[str]:
@@ -30,18 +41,10 @@ def _bench_databases() -> set[str]:
 @pytest.mark.slow
 def test_the_benchmark_runs_quick_and_prints_one_json_line_last() -> None:
     before = _bench_databases()
-    done = subprocess.run(
-        [
-            sys.executable, str(SCRIPT), "--dsn", ADMIN_DSN, "--quick",
-            "--seconds", "0.4", "--rows", "8000", "--batch", "50", "--samples", "20",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    result = run_bench(
+        SCRIPT, "--dsn", ADMIN_DSN, "--quick",
+        "--seconds", "0.4", "--rows", "8000", "--batch", "50", "--samples", "20",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["server"]["synchronous_commit"] == "on"
     assert result["server"]["unlogged_tables"] == 0
     for figure in ("select1", "upsert", "lease", "lease_sql"):
@@ -68,15 +71,7 @@ BACKEND_CPU = Path(__file__).parents[2] / "bench" / "backend_cpu.py"
 
 @pytest.mark.slow
 def test_the_backend_cpu_bench_runs_and_drops_its_database() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BACKEND_CPU), "--dsn", ADMIN_DSN, "--tries", "3"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_bench(BACKEND_CPU, "--dsn", ADMIN_DSN, "--tries", "3")
     assert result["tries_per_kind"] == 3
     figures = result["server_cpu_ms_p50"]
     for kind, first in (("with_warm_up", "start_and_warm_up"), ("without_warm_up", "start")):
@@ -117,11 +112,7 @@ def test_runs_summary_puts_runs_side_by_side_by_way_to_the_store(tmp_path: Path)
         path = tmp_path / f"run-{n}.out"
         path.write_text("progress\n" + json.dumps(_bench_result(via, ratio, 5.0 + n)) + "\n")
         files.append(str(path))
-    done = subprocess.run(
-        [sys.executable, str(RUNS_SUMMARY), *files], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = run_bench(RUNS_SUMMARY, *files, timeout=60)
     direct = summary["direct"]["slot_cycle_ratio"]
     assert direct["each"] == [0.9, 1.0]
     assert direct["mean"] == pytest.approx(0.95)
@@ -148,14 +139,7 @@ ROUND_TRIPS = Path(__file__).parents[2] / "bench" / "round_trips.py"
 
 @pytest.mark.slow
 def test_the_round_trips_bench_times_each_way_on_both_loads_and_cleans_up() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROUND_TRIPS), "--dsn", ADMIN_DSN, "--tries", "5"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_bench(ROUND_TRIPS, "--dsn", ADMIN_DSN, "--tries", "5")
     assert result["tries"] == 5
     for load in ("idle", "busy"):
         ways = result[load]
