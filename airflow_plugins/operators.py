@@ -42,7 +42,7 @@ API (for DAG authors, the example DAGs and the bridge)::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -151,6 +151,21 @@ class ExactlyOnceOperator(BaseOperator):
         if self.python_callable is None:
             return None
         return {"op_args": list(self.op_args), "op_kwargs": dict(self.op_kwargs)}
+
+    def _do_render_template_fields(
+        self,
+        parent: Any,
+        template_fields: Iterable[str],
+        context: Any,
+        jinja_env: Any,
+        seen_oids: set[int],
+    ) -> None:
+        """Renders the templates (Airflow's own step, for plain and mapped tasks alike), then
+        starts this try's acquire while Airflow finishes preparing the task
+        (``airflow_plugins.early_acquire``); ``execute`` takes its answer."""
+        super()._do_render_template_fields(parent, template_fields, context, jinja_env, seen_oids)
+        if parent is self:  # not a nested templated object of the task
+            protected_try.start_early(self, context, self.protection(), self.audit_input())
 
     def execute(self, context: Any) -> Any:
         """Takes the lease and runs ``execute_protected`` once per business key (see module)."""

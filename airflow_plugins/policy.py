@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from airflow.policies import hookimpl
@@ -103,6 +103,22 @@ def _execute(context: Mapping[str, Any]) -> Any:
     return protected_try.run_try(task, context, _protection(), _body(task, context))
 
 
+def _render(
+    parent: Any,
+    template_fields: Iterable[str],
+    context: Mapping[str, Any],
+    jinja_env: Any,
+    seen_oids: set[int],
+) -> None:
+    """The wrapped template rendering: Airflow's, then the try's acquire starts early."""
+    task = context["task"]
+    type(task)._do_render_template_fields(
+        task, parent, template_fields, context, jinja_env, seen_oids
+    )
+    if parent is task:
+        protected_try.start_early(task, context, _protection())
+
+
 def _resume(context: Mapping[str, Any], event: Any = None) -> Any:
     if isinstance(event, Mapping) and event.get("status") == "error":
         from airflow.sdk.exceptions import AirflowException
@@ -150,6 +166,7 @@ def _protected_retries(task: Any) -> None:
 def wrap(task: Any) -> None:
     """Wraps one task's ``execute``, deferral resume and ``on_kill`` with the lease."""
     task.execute = _execute
+    task._do_render_template_fields = _render
     setattr(task, RESUME_METHOD, _resume)
     setattr(task, HANDOVER_RESUME_METHOD, _resume_handover)
     task.on_kill = _on_kill
@@ -209,7 +226,7 @@ def task_policy(task: Any) -> None:
     run a protected task, starts warming its lease store (``airflow_plugins.prewarm``)."""
     if _protected_operator(task):
         if prewarm.runs_here(task):
-            prewarm.start(_own_lease_conn_id(task))
+            prewarm.start(task, _own_lease_conn_id(task))
         return
     dag = getattr(task, "dag", None)
     if not opted_in(dag) or is_wrapped(task):
@@ -234,7 +251,7 @@ def task_policy(task: Any) -> None:
         )
         return
     if prewarm.runs_here(task):
-        prewarm.start()
+        prewarm.start(task)
     log.warning(
         "exactly-once policy: %s wrapped: one holder per key, skip-if-succeeded and "
         "self-fencing, but it uses no fence: its writes carry no token, so a sink cannot refuse "

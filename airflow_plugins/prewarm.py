@@ -27,6 +27,7 @@ from airflow_plugins import config
 log = logging.getLogger(__name__)
 
 _started = False
+_task: tuple[str, str] | None = None  # (dag id, task id) this process was started to run
 _lock = threading.Lock()
 
 
@@ -43,7 +44,12 @@ def runs_here(task: Any) -> bool:
     )
 
 
-def start(conn_id: str | None = None) -> bool:
+def preparing(dag_id: str, task_id: str) -> bool:
+    """Whether this process is a task runner's, started to run that task (see ``start``)."""
+    return _task == (dag_id, task_id)
+
+
+def start(task: Any, conn_id: str | None = None) -> bool:
     """Starts warming the lease store of this process's protected task (once per process).
 
     One thread resolves the store, opens and prepares its connection and reads the options.
@@ -51,16 +57,18 @@ def start(conn_id: str | None = None) -> bool:
     millisecond or more on a busy host, and the parse is on the task's path).
 
     Args:
+        task: the task this process parsed its DAG file to run (``runs_here``).
         conn_id: the task's own lease-store Connection (None: the configured store).
 
     Returns:
         Whether it started now (False: started before, or protection is off).
     """
-    global _started
+    global _started, _task
     with _lock:
         if _started or not config.enabled():
             return False
         _started = True
+        _task = (task.dag.dag_id, task.task_id)
     _thread.start_new_thread(_warm, (conn_id,))
     return True
 

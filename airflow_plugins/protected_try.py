@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_plugins import config, routing
+from airflow_plugins import config, early_acquire, prewarm, routing
 from airflow_plugins.fence_context import Fence, SinkConnect
 from airflow_plugins.lease import (
     Acquisition,
@@ -101,7 +101,8 @@ def stop_active_try(reason: str, *, release: bool = True) -> bool:
     with _active_lock:
         active = _active
     if active is None:
-        return False
+        # killed before its work started: a grant taken early is of no use to anyone now
+        return early_acquire.release_unused(reason)
     active.fence.stop(reason)
     active.keeper.stop()
     if not release:
@@ -230,6 +231,48 @@ def acquire(
         ttl=protection.ttl,
         business_date=target.first_day,
         input=_audit_input(target, audit_input),
+    )
+
+
+def start_early(
+    task: Any, context: Mapping[str, Any], protection: Protection, audit_input: Any = None
+) -> bool:
+    """Starts this try's acquire while Airflow still prepares the task (``early_acquire``).
+
+    Called once the task's templates are rendered. Only in a task runner's process about to
+    run ``task`` (``prewarm.preparing``), with protection on, no handover router, no
+    sanctioned re-run asked (its approval comes first) and not resuming from a deferral (the
+    resume acquires itself). Never raises: anything that stops it here leaves the acquire to
+    ``execute``, which reports what is wrong.
+
+    Returns:
+        Whether the acquire started.
+    """
+    try:
+        ti = context["ti"]
+        server = getattr(ti, "_ti_context_from_server", None)
+        if (
+            not prewarm.preparing(ti.dag_id, ti.task_id)
+            or not config.enabled()
+            or getattr(server, "next_method", None)
+            or not isinstance(routing.current_router(), routing.AirflowOnly)
+        ):
+            return False
+        merge_arguments(task, context)
+        target = target_from_context(
+            context, period=protection.period, timezone=protection.timezone
+        )
+        if RERUN_CONF_KEY in target.conf:
+            return False
+        store = config.task_lease_store(protection.lease_conn_id)
+    except Exception as exc:  # execute acquires again and reports it
+        log.debug("exactly-once: not acquiring early: %s", exc)
+        return False
+    return early_acquire.start(
+        str(target.key),
+        target.holder,
+        store,
+        lambda: acquire(store, target, protection, audit_input),
     )
 
 
@@ -412,7 +455,9 @@ def _decide(
 ) -> Any:
     """Acquires the try's lease and acts on the outcome: runs, defers, or returns the result."""
     try:
-        got = acquire(store, target, protection, audit_input)
+        got = early_acquire.take(str(target.key), target.holder, store) or acquire(
+            store, target, protection, audit_input
+        )
     except LeaseStoreUnavailable as exc:
         from airflow_plugins.triggers import LeaseStoreReachableTrigger
 

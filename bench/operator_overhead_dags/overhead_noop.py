@@ -10,6 +10,10 @@ It times, inside each task process, what the plugin does there:
   wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
   only failed and skipped tries (the lease's own rows record the others).
 
+* ``early_start``: starting the try's acquire once the templates are rendered
+  (``protected_try.start_early``, before ``execute``; the acquire itself runs on its own thread
+  beside Airflow's preparation, and what ``execute`` still waits for it is in ``execute``).
+
 * ``warm_up`` (reported apart, not in the plugin's time): the lease store's warm-up
   (``airflow_plugins.prewarm``), which runs on its own thread while Airflow still prepares the
   task: its wall and thread CPU time, and how long ``execute`` started before it finished (that
@@ -31,11 +35,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from airflow_plugins import listener, prewarm
+from airflow_plugins import listener, prewarm, protected_try
 from airflow_plugins.fence_context import Fence
 from airflow_plugins.operators import ExactlyOnceOperator
 
-TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0}
+TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0, "early_start": 0.0}
 _WARM: dict[str, float] = {}
 _unwrapped_guarded = listener._guarded
 _unwrapped_warm = prewarm._warm
@@ -79,6 +83,18 @@ def _timed_warm(conn_id: str | None) -> None:
 
 
 prewarm._warm = _timed_warm
+_unwrapped_start_early = protected_try.start_early
+
+
+def _timed_start_early(*args: Any, **kwargs: Any) -> bool:
+    started = time.perf_counter()
+    try:
+        return _unwrapped_start_early(*args, **kwargs)
+    finally:
+        TIMINGS["early_start"] += time.perf_counter() - started
+
+
+protected_try.start_early = _timed_start_early
 
 
 class ExactlyOnceBenchNoop(ExactlyOnceOperator):

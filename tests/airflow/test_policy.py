@@ -248,6 +248,35 @@ def test_parsing_to_run_a_protected_task_warms_the_connection_its_try_uses(
     assert row["state"] == "succeeded"
 
 
+@pytest.mark.parametrize("task_id", ["bash", "per_tenant"])  # wrapped; wrapped and mapped
+def test_a_wrapped_task_acquires_once_its_templates_are_rendered(
+    monkeypatch: pytest.MonkeyPatch, counter: Path, plugin_env: dict[str, str], task_id: str
+) -> None:
+    # the task runner parses the DAG file to run the task, renders its templates (a mapped task
+    # is unmapped there), then executes it: the acquire starts at the rendering, and execute
+    # takes its answer (one acquire in the audit)
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "policy_tagged")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    with _policy_registered():
+        parsed = DagBag(str(DAGS)).dags["policy_tagged"].get_task(task_id)
+    mapped = task_id == "per_tenant"
+    context = task_context(parsed, logical_date=NIGHT, map_index=0 if mapped else -1)
+    if mapped:  # the first of ["acme", "globex"]
+        context["map_index_template"] = parsed.map_index_template
+    parsed.render_template_fields(context)
+    task = context["task"]  # the task Airflow runs (the unmapped one, for a mapped task)
+    key = f"policy_tagged/{task_id}/2024-02-15" + ("/acme" if mapped else "")
+    with LeaseStore(plugin_env["lease"]) as store:
+        assert wait_for(lambda: store.get(key))  # taken before execute
+        task.execute(context=context)
+        row = store.get(key)
+        acquires = [h["outcome"] for h in store.history(key) if h["event"] == "acquire"]
+    assert row is not None
+    assert row["state"] == "succeeded"
+    assert acquires == ["granted"]
+    assert counter.read_text().splitlines() == ["tenant acme" if mapped else task_id]
+
+
 @pytest.mark.parametrize(
     ("dag_id", "task_id"),
     [

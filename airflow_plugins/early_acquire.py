@@ -1,0 +1,136 @@
+"""A protected try's acquire, started while Airflow still prepares the task.
+
+Between rendering a task's templates and calling ``execute``, Airflow's task runner sends the
+rendered fields to its supervisor (which sends them on to the API server), renders the map
+index and calls the listeners' ``on_task_instance_running``. A protected try's acquire is a
+round trip to the lease store that depends on none of that: ``protected_try.start_early``
+starts it on a thread as soon as the templates are rendered, and ``execute`` takes its answer
+(``take``) instead of asking again, so the round trip overlaps Airflow's own.
+
+Nothing changes in what is decided: it is the same statement, for the same key and holder,
+that ``execute`` would have sent a few milliseconds later, and ``execute`` acts on its outcome
+exactly as on its own (run, defer, return the recorded result, fail). A grant that waited
+longer than ``STALE_AFTER`` before ``execute`` took it (the process was stopped, or Airflow
+was slow) is renewed, token-guarded, before the body runs; if another holder took the key
+meanwhile, ``execute`` acquires again and waits for it. A try that ends before ``execute``
+(killed, or failed in Airflow's preparation) releases the unused grant (``release_unused``)
+or leaves it to the listener's failure hook and, at worst, to the lease's expiry.
+
+One pending acquire per process (a task process runs one try).
+"""
+
+from __future__ import annotations
+
+import _thread
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from airflow_plugins.lease import Acquisition, Holder, LeaseLost, LeaseStore, LeaseStoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# a grant older than this when execute takes it is renewed before the body runs
+STALE_AFTER = 1.0
+
+
+@dataclasses.dataclass
+class _Pending:
+    key: str
+    holder: Holder
+    store: LeaseStore
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    got: Acquisition | None = None
+    error: BaseException | None = None
+    answered_at: float = 0.0
+
+
+_pending: _Pending | None = None
+_lock = threading.Lock()
+
+
+def start(key: str, holder: Holder, store: LeaseStore, acquire: Callable[[], Acquisition]) -> bool:
+    """Runs ``acquire`` (the try's acquire of ``key`` as ``holder`` on ``store``) on a thread.
+
+    Returns:
+        Whether it started (False: one was started in this process already).
+    """
+    global _pending
+    with _lock:
+        if _pending is not None:
+            return False
+        pending = _pending = _Pending(key, holder, store)
+    # started without waiting for the thread to run (see airflow_plugins.prewarm)
+    _thread.start_new_thread(_run, (pending, acquire))
+    return True
+
+
+def _run(pending: _Pending, acquire: Callable[[], Acquisition]) -> None:
+    try:
+        pending.got = acquire()
+    except BaseException as exc:  # handed to execute, which handles it as its own
+        pending.error = exc
+    finally:
+        pending.answered_at = time.monotonic()
+        pending.done.set()
+
+
+def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
+    """The early acquire's answer for this key, holder and store (waiting for it), once.
+
+    Returns:
+        The acquisition; None when no early acquire matches (the caller acquires itself), or
+        when its grant went stale and another holder has the key now.
+
+    Raises:
+        Whatever the early acquire raised (``LeaseStoreUnavailable``, ``InvalidLeaseInput``),
+        as the caller's own acquire would have.
+    """
+    global _pending
+    with _lock:
+        pending = _pending
+        if pending is None or (pending.key, pending.holder, pending.store) != (key, holder, store):
+            return None
+        _pending = None
+    pending.done.wait()
+    if pending.error is not None:
+        raise pending.error
+    got = pending.got
+    assert got is not None
+    if got.granted and time.monotonic() - pending.answered_at > STALE_AFTER:
+        try:
+            store.renew(got.lease)
+        except LeaseLost as exc:
+            log.warning("exactly-once: %s: the early grant was lost before the work: %s", key, exc)
+            return None
+    return got
+
+
+def release_unused(reason: str) -> bool:
+    """Releases an early grant that no ``execute`` took (the try is ending before its work).
+
+    Returns whether one was released.
+    """
+    global _pending
+    with _lock:
+        pending, _pending = _pending, None
+    if pending is None or not pending.done.wait(timeout=5.0):
+        return False
+    got = pending.got
+    if got is None or not got.granted:
+        return False
+    try:
+        pending.store.release(got.lease, reason)
+    except (LeaseLost, LeaseStoreUnavailable) as exc:  # the lease then expires
+        log.warning("exactly-once: could not release %s: %s", pending.key, exc)
+        return False
+    return True
+
+
+def forget() -> None:
+    """Drops the pending acquire without using it (tests)."""
+    global _pending
+    with _lock:
+        _pending = None
