@@ -79,12 +79,12 @@ def fill(dsn: str, rows: int) -> dict[str, float]:
     queries = _blocks()
     with psycopg.connect(dsn, autocommit=True) as conn:
         t0 = time.perf_counter()
-        conn.execute(queries["fill_audit"], {"day": DAY, "rows": rows})  # type: ignore[arg-type]
+        conn.execute(queries["fill_audit"], {"day": DAY, "rows": rows})
         took["audit_rows_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
-        conn.execute(queries["fill_leases"], {"day": DAY, "jobs": rows // 4})  # type: ignore[arg-type]
+        conn.execute(queries["fill_leases"], {"day": DAY, "jobs": rows // 4})
         start = datetime(2024, 1, 1, tzinfo=UTC)
-        conn.execute(queries["fill_year"], {"start": start, "end": start + timedelta(days=365)})  # type: ignore[arg-type]
+        conn.execute(queries["fill_year"], {"start": start, "end": start + timedelta(days=365)})
         took["lease_rows_s"] = round(time.perf_counter() - t0, 1)
         conn.execute("VACUUM ANALYZE runlease.audit")
         conn.execute("VACUUM ANALYZE runlease.lease")

