@@ -12,9 +12,11 @@ that ``execute`` would have sent a few milliseconds later, and ``execute`` acts 
 exactly as on its own (run, defer, return the recorded result, fail). A grant that waited
 longer than ``STALE_AFTER`` before ``execute`` took it (the process was stopped, or Airflow
 was slow) is renewed, token-guarded, before the body runs; if another holder took the key
-meanwhile, ``execute`` acquires again and waits for it. A try that ends before ``execute``
-(killed, or failed in Airflow's preparation) releases the unused grant (``release_unused``)
-or leaves it to the listener's failure hook and, at worst, to the lease's expiry.
+meanwhile, ``execute`` acquires again and waits for it. A try told to stop (``on_kill``)
+before ``execute`` releases the unused grant (``release_unused``), and its ``execute``, if
+Airflow still calls it, does not start the work (``StoppedBeforeWork``). A try that fails in
+Airflow's preparation leaves its grant to the listener's failure hook and, at worst, to the
+lease's expiry.
 
 One pending acquire per process (a task process runs one try).
 """
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 STALE_AFTER = 1.0
 
 
+class StoppedBeforeWork(Exception):
+    """The try was told to stop after its early acquire, before ``execute`` took it."""
+
+
 @dataclasses.dataclass
 class _Pending:
     key: str
@@ -48,6 +54,7 @@ class _Pending:
 
 
 _pending: _Pending | None = None
+_stopped: tuple[str, Holder, str] | None = None  # key, holder, why: released by release_unused
 _lock = threading.Lock()
 
 
@@ -85,11 +92,14 @@ def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
         when its grant went stale and another holder has the key now.
 
     Raises:
+        StoppedBeforeWork: the try was told to stop after its early acquire.
         Whatever the early acquire raised (``LeaseStoreUnavailable``, ``InvalidLeaseInput``),
         as the caller's own acquire would have.
     """
     global _pending
     with _lock:
+        if _stopped is not None and _stopped[:2] == (key, holder):
+            raise StoppedBeforeWork(_stopped[2])
         pending = _pending
         if pending is None or (pending.key, pending.holder, pending.store) != (key, holder, store):
             return None
@@ -111,11 +121,14 @@ def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
 def release_unused(reason: str) -> bool:
     """Releases an early grant that no ``execute`` took (the try is ending before its work).
 
-    Returns whether one was released.
+    Returns whether one was released. Either way, the try's ``execute`` will not start the
+    work (``take`` raises ``StoppedBeforeWork``).
     """
-    global _pending
+    global _pending, _stopped
     with _lock:
         pending, _pending = _pending, None
+        if pending is not None:
+            _stopped = (pending.key, pending.holder, reason)
     if pending is None or not pending.done.wait(timeout=5.0):
         return False
     got = pending.got
@@ -130,7 +143,7 @@ def release_unused(reason: str) -> bool:
 
 
 def forget() -> None:
-    """Drops the pending acquire without using it (tests)."""
-    global _pending
+    """Drops the pending acquire, and a stop, without using them (tests)."""
+    global _pending, _stopped
     with _lock:
-        _pending = None
+        _pending = _stopped = None

@@ -458,6 +458,10 @@ def _decide(
         got = early_acquire.take(str(target.key), target.holder, store) or acquire(
             store, target, protection, audit_input
         )
+    except early_acquire.StoppedBeforeWork as exc:
+        raise _retryable(
+            f"exactly-once: {target.key}: the try was stopped before its work started ({exc})"
+        ) from exc
     except LeaseStoreUnavailable as exc:
         from airflow_plugins.triggers import LeaseStoreReachableTrigger
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_plugins import early_acquire, prewarm
 from airflow_plugins.lease import Holder, LeaseStore
@@ -69,12 +69,18 @@ def test_a_try_killed_before_execute_releases_the_early_grant(
 ) -> None:
     body = Billing()
     op = _operator(body)
-    op.render_template_fields(task_context(op, logical_date=NIGHT))
+    context = task_context(op, logical_date=NIGHT)
+    op.render_template_fields(context)
     _wait_for_lease(plugin_env["lease"])
     op.on_kill()  # Airflow's SIGTERM before the work started
     row = _lease(plugin_env["lease"])
     assert row["state"] == "released"
     assert "on_kill" in row["error"]
+    # the killed try does not start the work if Airflow still gets to execute
+    with pytest.raises(AirflowException, match="stopped before its work started"):
+        op.execute(context)
+    assert body.calls == 0
+    assert _lease(plugin_env["lease"])["token"] == row["token"]  # nothing acquired again
     # the next try is granted at once and does the work
     retry = _operator(body)
     assert retry.execute(task_context(retry, logical_date=NIGHT, try_number=2)) == {"charged": 5}
