@@ -10,6 +10,9 @@ the plugin's options (``config.preload``), on a daemon thread, beside Airflow's 
 preparation (the rest of the parse, template rendering, its calls to the API server). The try's
 acquire then finds the connection open, or waits for the one being opened.
 
+It also records which task this process was started to run (``preparing``): only there does
+the try's acquire start before ``execute`` (``airflow_plugins.early_acquire``).
+
 Nothing happens in the dag processor (no task is named there), for other tasks, or with
 ``[exactly_once] enabled = False``. A failure is only logged: the try's own acquire connects
 and decides (it defers while the store is unreachable).
