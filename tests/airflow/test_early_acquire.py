@@ -8,12 +8,14 @@ and sink, and asserts what a user sees: the charges, the lease's state and its a
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_plugins import early_acquire, prewarm
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.operators import ExactlyOnceOperator
 from tests.airflow.conftest import task_context
 from tests.airflow.test_operator import (
     CUSTOMERS,
@@ -45,14 +47,20 @@ def _wait_for_lease(lease: str) -> None:
             time.sleep(0.02)
 
 
+def _rendered(lease: str, **kwargs: Any) -> tuple[Billing, ExactlyOnceOperator, dict[str, Any]]:
+    """A try of the billing task whose templates the task runner rendered: its lease is taken."""
+    body = Billing()
+    op = _operator(body, **kwargs)
+    context = task_context(op, logical_date=NIGHT)
+    op.render_template_fields(context)
+    _wait_for_lease(lease)  # taken before execute
+    return body, op, context
+
+
 def test_rendering_starts_the_acquire_and_execute_uses_its_grant(
     plugin_env: dict[str, str], preparing: None
 ) -> None:
-    body = Billing()
-    op = _operator(body)
-    context = task_context(op, logical_date=NIGHT)
-    op.render_template_fields(context)
-    _wait_for_lease(plugin_env["lease"])  # taken before execute
+    body, op, context = _rendered(plugin_env["lease"])
     assert _lease(plugin_env["lease"])["state"] == "running"
     assert op.execute(context) == {"charged": 5}
     token = body.fences[0].token
@@ -67,11 +75,7 @@ def test_rendering_starts_the_acquire_and_execute_uses_its_grant(
 def test_a_try_killed_before_execute_releases_the_early_grant(
     plugin_env: dict[str, str], preparing: None
 ) -> None:
-    body = Billing()
-    op = _operator(body)
-    context = task_context(op, logical_date=NIGHT)
-    op.render_template_fields(context)
-    _wait_for_lease(plugin_env["lease"])
+    body, op, context = _rendered(plugin_env["lease"])
     op.on_kill()  # Airflow's SIGTERM before the work started
     row = _lease(plugin_env["lease"])
     assert row["state"] == "released"
@@ -95,11 +99,7 @@ def test_a_stale_early_grant_taken_over_meanwhile_is_not_used(
     # holder took the key over; the old grant is renewed before use, found lost, and the try
     # asks again and waits for the new holder instead of running the body
     monkeypatch.setattr(early_acquire, "STALE_AFTER", 0.0)
-    body = Billing()
-    op = _operator(body, lease_ttl=1)
-    context = task_context(op, logical_date=NIGHT)
-    op.render_template_fields(context)
-    _wait_for_lease(plugin_env["lease"])
+    body, op, context = _rendered(plugin_env["lease"], lease_ttl=1)
     time.sleep(1.2)  # the early grant expires
     with LeaseStore(plugin_env["lease"]) as store:
         newer = store.acquire(KEY, Holder.process("the next try"), ttl=30)
