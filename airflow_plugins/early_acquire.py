@@ -88,8 +88,8 @@ def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
     """The early acquire's answer for this key, holder and store (waiting for it), once.
 
     Returns:
-        The acquisition; None when no early acquire matches (the caller acquires itself), or
-        when its grant went stale and another holder has the key now.
+        The acquisition; None when there is none, or when it was for another key (its grant
+        is released) or went stale and another holder has the key now: the caller acquires.
 
     Raises:
         StoppedBeforeWork: the try was told to stop after its early acquire.
@@ -100,10 +100,14 @@ def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
     with _lock:
         if _stopped is not None and _stopped[:2] == (key, holder):
             raise StoppedBeforeWork(_stopped[2])
-        pending = _pending
-        if pending is None or (pending.key, pending.holder, pending.store) != (key, holder, store):
-            return None
-        _pending = None
+        pending, _pending = _pending, None
+    if pending is None:
+        return None
+    if (pending.key, pending.holder, pending.store) != (key, holder, store):
+        # not this try's key after all (a map key rendered differently): not left to expire
+        log.warning("exactly-once: acquired %s early, but the try is %s", pending.key, key)
+        _release(pending, f"acquired early for a try that asked for {key}")
+        return None
     pending.done.wait()
     if pending.error is not None:
         raise pending.error
@@ -129,7 +133,11 @@ def release_unused(reason: str) -> bool:
         pending, _pending = _pending, None
         if pending is not None:
             _stopped = (pending.key, pending.holder, reason)
-    if pending is None or not pending.done.wait(timeout=5.0):
+    return pending is not None and _release(pending, reason)
+
+
+def _release(pending: _Pending, reason: str) -> bool:
+    if not pending.done.wait(timeout=5.0):
         return False
     got = pending.got
     if got is None or not got.granted:

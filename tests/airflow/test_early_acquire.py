@@ -131,3 +131,16 @@ def test_a_rerun_request_is_left_to_execute(plugin_env: dict[str, str], preparin
     time.sleep(0.3)
     with LeaseStore(plugin_env["lease"]) as store:
         assert store.get(KEY) is None
+
+
+def test_an_early_grant_for_another_key_is_released_not_used(plugin_env: dict[str, str]) -> None:
+    # should the key execute asks for differ from the one acquired early (a map key rendered
+    # differently), the early grant is released at once rather than left to expire
+    holder = Holder.process("a try")
+    other = "billing_nightly/charge/2024-02-15/acme"
+    with LeaseStore(plugin_env["lease"]) as store:
+        assert early_acquire.start(other, holder, store, lambda: store.acquire(other, holder))
+        assert early_acquire.take(KEY, holder, store) is None
+        row = store.get(other)
+    assert row is not None
+    assert row["state"] == "released"
