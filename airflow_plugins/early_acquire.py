@@ -4,8 +4,9 @@ Between rendering a task's templates and calling ``execute``, Airflow's task run
 rendered fields to its supervisor (which sends them on to the API server), renders the map
 index and calls the listeners' ``on_task_instance_running``. A protected try's acquire is a
 round trip to the lease store that depends on none of that: ``protected_try.start_early``
-starts it on a thread as soon as the templates are rendered, and ``execute`` takes its answer
-(``take``) instead of asking again, so the round trip overlaps Airflow's own.
+resolves the try's target and starts its acquire on a thread as soon as the templates are
+rendered, and ``execute`` takes both (``take``) instead of resolving and asking again, so the
+round trip overlaps Airflow's own.
 
 Nothing changes in what is decided: it is the same statement, for the same key and holder,
 that ``execute`` would have sent a few milliseconds later, and ``execute`` acts on its outcome
@@ -29,8 +30,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from airflow_plugins.lease import Acquisition, Holder, LeaseLost, LeaseStore, LeaseStoreUnavailable
+from airflow_plugins.lease import Acquisition, LeaseLost, LeaseStore, LeaseStoreUnavailable
+from airflow_plugins.task_key import TaskTarget
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +46,51 @@ class StoppedBeforeWork(Exception):
 
 
 @dataclasses.dataclass
-class _Pending:
-    key: str
-    holder: Holder
+class Early:
+    """One try's early acquire: the target it resolved, the store, and the answer to come."""
+
+    ti: Any
+    target: TaskTarget
     store: LeaseStore
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     got: Acquisition | None = None
     error: BaseException | None = None
     answered_at: float = 0.0
 
+    def answer(self) -> Acquisition | None:
+        """The acquire's answer (waiting for it); None when the grant went stale and another
+        holder has the key now (the caller acquires again).
 
-_pending: _Pending | None = None
-_stopped: tuple[str, Holder, str] | None = None  # key, holder, why: released by release_unused
+        Raises:
+            Whatever the acquire raised (``LeaseStoreUnavailable``, ``InvalidLeaseInput``), as
+            the caller's own acquire would have.
+        """
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        got = self.got
+        assert got is not None
+        if got.granted and time.monotonic() - self.answered_at > STALE_AFTER:
+            try:
+                self.store.renew(got.lease)
+            except LeaseLost as exc:
+                log.warning(
+                    "exactly-once: %s: the early grant was lost before the work: %s", got.key, exc
+                )
+                return None
+        return got
+
+
+_pending: Early | None = None
+_stopped: tuple[Any, str] | None = None  # the try's task instance, and why it was stopped
 _lock = threading.Lock()
 
 
-def start(key: str, holder: Holder, store: LeaseStore, acquire: Callable[[], Acquisition]) -> bool:
-    """Runs ``acquire`` (the try's acquire of ``key`` as ``holder`` on ``store``) on a thread.
+def start(
+    ti: Any, target: TaskTarget, store: LeaseStore, acquire: Callable[[], Acquisition]
+) -> bool:
+    """Runs ``acquire`` (the acquire of ``target`` on ``store``) on a thread, for the try of
+    task instance ``ti`` (the object Airflow hands both the rendering and ``execute``).
 
     Returns:
         Whether it started (False: one was started in this process already).
@@ -68,13 +99,13 @@ def start(key: str, holder: Holder, store: LeaseStore, acquire: Callable[[], Acq
     with _lock:
         if _pending is not None:
             return False
-        pending = _pending = _Pending(key, holder, store)
+        pending = _pending = Early(ti, target, store)
     # started without waiting for the thread to run (see airflow_plugins.prewarm)
     _thread.start_new_thread(_run, (pending, acquire))
     return True
 
 
-def _run(pending: _Pending, acquire: Callable[[], Acquisition]) -> None:
+def _run(pending: Early, acquire: Callable[[], Acquisition]) -> None:
     try:
         pending.got = acquire()
     except BaseException as exc:  # handed to execute, which handles it as its own
@@ -84,42 +115,20 @@ def _run(pending: _Pending, acquire: Callable[[], Acquisition]) -> None:
         pending.done.set()
 
 
-def take(key: str, holder: Holder, store: LeaseStore) -> Acquisition | None:
-    """The early acquire's answer for this key, holder and store (waiting for it), once.
-
-    Returns:
-        The acquisition; None when there is none, or when it was for another key (its grant
-        is released) or went stale and another holder has the key now: the caller acquires.
+def take(ti: Any) -> Early | None:
+    """The early acquire of the try of ``ti``, once (None: there is none; acquire yourself).
 
     Raises:
         StoppedBeforeWork: the try was told to stop after its early acquire.
-        Whatever the early acquire raised (``LeaseStoreUnavailable``, ``InvalidLeaseInput``),
-        as the caller's own acquire would have.
     """
     global _pending
     with _lock:
-        if _stopped is not None and _stopped[:2] == (key, holder):
-            raise StoppedBeforeWork(_stopped[2])
-        pending, _pending = _pending, None
-    if pending is None:
-        return None
-    if (pending.key, pending.holder, pending.store) != (key, holder, store):
-        # not this try's key after all (a map key rendered differently): not left to expire
-        log.warning("exactly-once: acquired %s early, but the try is %s", pending.key, key)
-        _release(pending, f"acquired early for a try that asked for {key}")
-        return None
-    pending.done.wait()
-    if pending.error is not None:
-        raise pending.error
-    got = pending.got
-    assert got is not None
-    if got.granted and time.monotonic() - pending.answered_at > STALE_AFTER:
-        try:
-            store.renew(got.lease)
-        except LeaseLost as exc:
-            log.warning("exactly-once: %s: the early grant was lost before the work: %s", key, exc)
+        if _stopped is not None and _stopped[0] is ti:
+            raise StoppedBeforeWork(_stopped[1])
+        if _pending is None or _pending.ti is not ti:
             return None
-    return got
+        pending, _pending = _pending, None
+    return pending
 
 
 def release_unused(reason: str) -> bool:
@@ -131,12 +140,9 @@ def release_unused(reason: str) -> bool:
     global _pending, _stopped
     with _lock:
         pending, _pending = _pending, None
-        if pending is not None:
-            _stopped = (pending.key, pending.holder, reason)
-    return pending is not None and _release(pending, reason)
-
-
-def _release(pending: _Pending, reason: str) -> bool:
+        if pending is None:
+            return False
+        _stopped = (pending.ti, f"{pending.target.key}: {reason}")
     if not pending.done.wait(timeout=5.0):
         return False
     got = pending.got
@@ -145,7 +151,7 @@ def _release(pending: _Pending, reason: str) -> bool:
     try:
         pending.store.release(got.lease, reason)
     except (LeaseLost, LeaseStoreUnavailable) as exc:  # the lease then expires
-        log.warning("exactly-once: could not release %s: %s", pending.key, exc)
+        log.warning("exactly-once: could not release %s: %s", got.key, exc)
         return False
     return True
 

@@ -240,9 +240,9 @@ def start_early(
     """Starts this try's acquire while Airflow still prepares the task (``early_acquire``).
 
     Called once the task's templates are rendered. Only in a task runner's process about to
-    run ``task`` (``prewarm.preparing``), with protection on, no handover router, no
-    sanctioned re-run asked (its approval comes first) and not resuming from a deferral (the
-    resume acquires itself). Never raises: anything that stops it here leaves the acquire to
+    run ``task`` (``prewarm.preparing``), with protection on, no handover router and not
+    resuming from a deferral (the resume acquires itself). A sanctioned re-run is approved
+    first, as always (``acquire``). Never raises: anything that stops it here leaves the acquire to
     ``execute``, which reports what is wrong.
 
     Returns:
@@ -262,17 +262,12 @@ def start_early(
         target = target_from_context(
             context, period=protection.period, timezone=protection.timezone
         )
-        if RERUN_CONF_KEY in target.conf:
-            return False
         store = config.task_lease_store(protection.lease_conn_id)
     except Exception as exc:  # execute acquires again and reports it
         log.debug("exactly-once: not acquiring early: %s", exc)
         return False
     return early_acquire.start(
-        str(target.key),
-        target.holder,
-        store,
-        lambda: acquire(store, target, protection, audit_input),
+        ti, target, store, lambda: acquire(store, target, protection, audit_input)
     )
 
 
@@ -427,17 +422,27 @@ def run_try(
     merge_arguments(task, context)
     if not config.enabled():
         return run_unprotected(context, protection, body)
-    target = resolve_target(context, protection)
-    route = routing.current_router().route(protected_run(target))
-    if route.handover is not None:
-        log.info("exactly-once: %s handed over (mode %s)", target.key, route.mode)
-        return route.handover.start(task, context, protected_run(target))
     try:
-        store = config.task_lease_store(protection.lease_conn_id)
-    except InvalidLeaseInput as exc:
-        raise _retryable(f"exactly-once: {exc}") from exc
+        early = early_acquire.take(context["ti"])
+    except early_acquire.StoppedBeforeWork as exc:
+        raise _retryable(
+            f"exactly-once: the try was stopped before its work started: {exc}"
+        ) from exc
+    if early is not None:  # resolved, routed (Airflow only) and acquiring since the rendering
+        target, store = early.target, early.store
+    else:
+        target = resolve_target(context, protection)
+        run = protected_run(target)
+        route = routing.current_router().route(run)
+        if route.handover is not None:
+            log.info("exactly-once: %s handed over (mode %s)", target.key, route.mode)
+            return route.handover.start(task, context, run)
+        try:
+            store = config.task_lease_store(protection.lease_conn_id)
+        except InvalidLeaseInput as exc:
+            raise _retryable(f"exactly-once: {exc}") from exc
     try:
-        return _decide(task, store, target, protection, body, audit_input)
+        return _decide(task, store, target, protection, body, audit_input, early)
     finally:
         # the try is done with the store: its connection is closed now, while the task still
         # runs, not torn down with the process after Airflow's supervisor has seen the task's
@@ -452,16 +457,14 @@ def _decide(
     protection: Protection,
     body: Callable[[Fence], Any],
     audit_input: Any,
+    early: early_acquire.Early | None = None,
 ) -> Any:
-    """Acquires the try's lease and acts on the outcome: runs, defers, or returns the result."""
+    """Acquires the try's lease (or takes the early acquire's answer) and acts on the outcome:
+    runs, defers, or returns the result."""
     try:
-        got = early_acquire.take(str(target.key), target.holder, store) or acquire(
+        got = (early.answer() if early is not None else None) or acquire(
             store, target, protection, audit_input
         )
-    except early_acquire.StoppedBeforeWork as exc:
-        raise _retryable(
-            f"exactly-once: {target.key}: the try was stopped before its work started ({exc})"
-        ) from exc
     except LeaseStoreUnavailable as exc:
         from airflow_plugins.triggers import LeaseStoreReachableTrigger
 

@@ -383,7 +383,7 @@ class Bench:
                 or k in ("execute_cpu", "process_cpu", "slot_pid")
             }
             parts["execute"] = float(row["execute"]) - float(row["body"])
-            parts["early_start"] = float(row.get("early_start", 0.0))
+            parts["early_start"] = float(row["early_start"])
             parts["plugin"] = parts["execute"] + float(row["hooks"]) + parts["early_start"]
             found.setdefault((dag_id, run_id), {})[map_index] = parts
         return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psycopg
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
@@ -26,6 +27,7 @@ from tests.airflow.test_operator import (
     _lease,
     _operator,
 )
+from tests.lease.waiting import wait_for
 
 
 @pytest.fixture
@@ -39,21 +41,14 @@ def _events(lease: str) -> list[tuple[str, str | None]]:
         return [(h["event"], h["outcome"]) for h in store.history(KEY)]
 
 
-def _wait_for_lease(lease: str) -> None:
-    deadline = time.monotonic() + 10
-    with LeaseStore(lease) as store:
-        while store.get(KEY) is None:
-            assert time.monotonic() < deadline, "the early acquire took no lease"
-            time.sleep(0.02)
-
-
 def _rendered(lease: str, **kwargs: Any) -> tuple[Billing, ExactlyOnceOperator, dict[str, Any]]:
     """A try of the billing task whose templates the task runner rendered: its lease is taken."""
     body = Billing()
     op = _operator(body, **kwargs)
     context = task_context(op, logical_date=NIGHT)
     op.render_template_fields(context)
-    _wait_for_lease(lease)  # taken before execute
+    with LeaseStore(lease) as store:
+        assert wait_for(lambda: store.get(KEY), timeout=10)  # taken before execute
     return body, op, context
 
 
@@ -121,26 +116,21 @@ def test_outside_a_task_runner_rendering_takes_no_lease(plugin_env: dict[str, st
         assert store.get(KEY) is None
 
 
-def test_a_rerun_request_is_left_to_execute(plugin_env: dict[str, str], preparing: None) -> None:
-    # a sanctioned re-run's approval must come before the acquire: none is started early
-    op = _operator(Billing())
-    context = task_context(
-        op, logical_date=NIGHT, conf={"exactly_once_rerun": {"reason": "refund fix"}}
-    )
+def test_a_rerun_request_is_approved_before_its_acquire(
+    plugin_env: dict[str, str], preparing: None
+) -> None:
+    # a sanctioned re-run of a succeeded date: the early acquire approves it first, as execute
+    # would (else it would find the key succeeded and the work would be skipped)
+    body = Billing()
+    op = _operator(body)
+    op.execute(task_context(op, logical_date=NIGHT))
+    with psycopg.connect(plugin_env["sink"], autocommit=True) as conn:
+        conn.execute("DELETE FROM runfence.ledger")  # the fix: the sink was corrected by hand
+    rerun = {"business_date": "2024-02-15", "exactly_once_rerun": {"reason": "INC-42 refund fix"}}
+    context = task_context(op, run_id="manual__rerun", conf=rerun, triggering_user="alice")
     op.render_template_fields(context)
-    time.sleep(0.3)
-    with LeaseStore(plugin_env["lease"]) as store:
-        assert store.get(KEY) is None
-
-
-def test_an_early_grant_for_another_key_is_released_not_used(plugin_env: dict[str, str]) -> None:
-    # should the key execute asks for differ from the one acquired early (a map key rendered
-    # differently), the early grant is released at once rather than left to expire
-    holder = Holder.process("a try")
-    other = "billing_nightly/charge/2024-02-15/acme"
-    with LeaseStore(plugin_env["lease"]) as store:
-        assert early_acquire.start(other, holder, store, lambda: store.acquire(other, holder))
-        assert early_acquire.take(KEY, holder, store) is None
-        row = store.get(other)
-    assert row is not None
-    assert row["state"] == "released"
+    assert wait_for(lambda: len(_events(plugin_env["lease"])) > 3)  # approved and granted early
+    assert op.execute(context) == {"charged": 5}
+    assert body.calls == 2
+    events = [e for e in _events(plugin_env["lease"]) if e[0] in ("approve_rerun", "acquire")]
+    assert events == [("acquire", "granted"), ("approve_rerun", "approved"), ("acquire", "granted")]
