@@ -25,8 +25,9 @@ from airflow.sdk import DAG
 from airflow.sdk._shared.listeners.spec import taskinstance as ti_spec
 
 from airflow_plugins import listener
-from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease import Holder, LeaseKeeper, LeaseStore, Outcome
 from tests.airflow.conftest import closed_port
+from tests.lease.waiting import wait_for
 
 RUN_KEY = "billing_nightly/_dag_run/2024-02-15"
 
@@ -310,3 +311,41 @@ def test_a_failed_try_has_its_running_lease_failed_on_its_behalf(
         again = store.acquire(key, retry)
         assert again.granted
         assert (again.token or 0) > lease.token
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16 item 8: fails a live holder's lease")
+def test_a_try_reported_failed_while_its_holder_renews_is_left_to_expiry(
+    plugin_env: dict[str, str],
+) -> None:
+    # Airflow says the try died ("killed externally", an adopted try), but its process lives
+    # and renews: failing its lease now would let a retry overlap it. Only once the holder
+    # has missed its renewals is the lease failed on its behalf.
+    key = "billing_nightly/charge/2024-02-15"
+    holder = Holder.airflow(dag_id="billing_nightly", run_id="r1", task_id="charge", try_number=1)
+    with LeaseStore(plugin_env["lease"]) as store:
+        lease = store.acquire(key, holder, ttl=5).lease
+        keeper = LeaseKeeper(store, lease, interval=0.1).start()
+        try:
+            wait_for(lambda: keeper.renewals >= 2, timeout=30)
+            listener.on_task_instance_failed(
+                previous_state=None, task_instance=_failed_ti("r1", 1), error="killed externally"
+            )
+            assert (store.get(key) or {})["state"] == "running"
+            assert store.acquire(key, Holder.process("retry")).outcome is Outcome.HELD
+        finally:
+            keeper.stop()  # the holder goes silent (its process is still this one)
+
+        def failed_on_behalf() -> bool:
+            listener.on_task_instance_failed(
+                previous_state=None, task_instance=_failed_ti("r1", 1), error="killed externally"
+            )
+            return bool((store.get(key) or {})["state"] == "failed")
+
+        wait_for(failed_on_behalf, timeout=30, every=0.1)
+        row = store.get(key)
+        assert row is not None
+        behalf = [r for r in store.history(key) if r["event"] == "fail_on_behalf"]
+        assert len(behalf) == 1
+        # failed only after two heartbeats (AIRFLOW__EXACTLY_ONCE__HEARTBEAT=0.5) of silence
+        assert (behalf[0]["at"] - row["renewed_at"]).total_seconds() >= 2 * 0.5
+        assert not row["expired"] or row["expires_at"] > behalf[0]["at"]
