@@ -47,6 +47,7 @@ from airflow_plugins.lease import (
     LeaseStore,
     LeaseStoreUnavailable,
     Outcome,
+    connect_sink,
 )
 from airflow_plugins.task_key import TaskTarget, target_from_context
 
@@ -125,9 +126,9 @@ def _sink_connect(conn_id: str | None) -> SinkConnect | None:
         return None
 
     def connect() -> Any:
-        import psycopg
-
-        return psycopg.connect(config.sink_dsn(conn_id), autocommit=True)
+        # bounded in time (keepalives, tcp_user_timeout, connect_timeout): a dead route to
+        # the sink must not hold the body for TCP's retransmission time
+        return connect_sink(config.sink_dsn(conn_id))
 
     return connect
 

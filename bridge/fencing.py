@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_plugins.fence_context import Fence, SinkConnect, SinkWrite
-from airflow_plugins.lease import InvalidLeaseInput, Lease, fenced_transaction
+from airflow_plugins.lease import InvalidLeaseInput, Lease, connect_sink, fenced_transaction
 from bridge.sql import query
 
 MAX_CAPTURED_ROWS = 10_000
@@ -130,6 +130,6 @@ class BridgeFence(Fence):
 
 def _connector(dsn: str) -> SinkConnect:
     def connect() -> psycopg.Connection[Any]:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        return connect_sink(dsn)  # keepalives, tcp_user_timeout, connect_timeout
 
     return connect

@@ -16,6 +16,7 @@ Imports nothing from Airflow or Temporal: any Python process can take a lease.
 from __future__ import annotations
 
 from airflow_plugins.lease.audit_payload import for_audit, mask
+from airflow_plugins.lease.connection_bounds import connect_sink
 from airflow_plugins.lease.errors import (
     InvalidLeaseInput,
     LeaseError,
@@ -61,6 +62,7 @@ __all__ = [
     "advance_fence",
     "check_key",
     "check_ttl",
+    "connect_sink",
     "fence_token",
     "fenced_transaction",
     "for_audit",

@@ -5,6 +5,11 @@ has the kept connection is served from the pool, except while ``warm`` opens it:
 waits for it rather than starting a second connection. Failures to reach Postgres fail closed
 as ``LeaseStoreUnavailable``.
 
+Every call is bounded in time: TCP keepalives, ``tcp_user_timeout`` and ``connect_timeout``
+(``connection_bounds``) end a connection whose peer vanished, and a call still running after
+``call_timeout`` (or the caller's shorter bound) has its connection ended by the
+``call_watchdog``, for a route that acknowledges packets and never answers.
+
 No statement is prepared on the server (``prepare_threshold=None``): psycopg would prepare a
 query from its fifth use on a connection, and behind PgBouncer in transaction mode (before
 1.21, or without ``max_prepared_statements``) a long task's sixth renewal then failed with
@@ -15,7 +20,6 @@ process runs each statement a few times, so preparing saved it nothing.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +30,8 @@ import psycopg
 import psycopg_pool
 from psycopg.rows import dict_row
 
+from airflow_plugins.lease.call_watchdog import WATCHDOG
+from airflow_plugins.lease.connection_bounds import bounded_params
 from airflow_plugins.lease.errors import LeaseStoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,8 @@ log = logging.getLogger(__name__)
 # cost the next call a failure.
 KEPT_MAX_IDLE = 60.0
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+# a store call not answered in this long fails as unavailable (its connection is ended)
+DEFAULT_CALL_TIMEOUT = 30.0
 
 
 def unreachable(exc: psycopg.Error) -> bool:
@@ -56,14 +64,25 @@ class StoreConnections:
         conninfo: a libpq connection string or URL.
         pool_size: most connections open at once: the kept one and ``pool_size - 1`` pooled.
         connect_timeout: seconds to wait for a connection before failing closed.
+        call_timeout: seconds a call may wait for its answer before its connection is ended
+            and it fails closed (a caller may ask for a shorter bound).
     """
 
-    def __init__(self, conninfo: str, *, pool_size: int, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int,
+        connect_timeout: float,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         self._connect_timeout = connect_timeout
+        self._call_timeout = call_timeout
         self._conninfo = conninfo
+        self._bounds = bounded_params(conninfo, connect_timeout=connect_timeout)
         self._connect_kwargs: dict[str, Any] = {
             "autocommit": True,
-            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            **self._bounds,
             "application_name": "runlease",
             "prepare_threshold": None,  # safe behind any transaction-mode pooler
         }
@@ -77,14 +96,22 @@ class StoreConnections:
         self._pool_lock = threading.Lock()
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def connection(
+        self, timeout: float | None = None
+    ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """The kept connection when it is free, else a pooled one.
 
         With ``pool_size=1`` there is no pool: the call waits for the kept connection.
 
+        Args:
+            timeout: seconds the block may wait on the connection (default ``call_timeout``);
+                past it the connection is ended and the call fails closed.
+
         Raises:
-            LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
+            LeaseStoreUnavailable: Postgres could not be reached, dropped the connection or
+                did not answer in time.
         """
+        bound = self._call_timeout if timeout is None else timeout
         try:
             if self._pool_size <= 1:
                 if not self._kept_lock.acquire(timeout=self._connect_timeout):
@@ -101,11 +128,11 @@ class StoreConnections:
                 )
             if kept:
                 try:
-                    yield from self._kept_connection()
+                    yield from self._kept_connection(bound)
                 finally:
                     self._kept_lock.release()
             else:
-                yield from self._pooled_connection()
+                yield from self._pooled_connection(bound)
         except psycopg_pool.PoolTimeout as exc:
             raise LeaseStoreUnavailable(
                 f"lease store unavailable: {exc}: {self._why_no_connection()}"
@@ -136,7 +163,7 @@ class StoreConnections:
             if not self._kept_lock.acquire(blocking=False):
                 return False  # a real call got there first and opens it itself
             try:
-                with contextmanager(self._kept_connection)() as conn:
+                with contextmanager(self._kept_connection)(self._call_timeout) as conn:
                     for sql, params in statements:
                         conn.execute(sql, params)
                 return True
@@ -148,7 +175,7 @@ class StoreConnections:
         finally:
             self._warming.clear()
 
-    def _kept_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _kept_connection(self, bound: float) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         # called with _kept_lock held
         conn = self._kept
         now = time.monotonic()
@@ -162,7 +189,7 @@ class StoreConnections:
             )
         conn.row_factory = dict_row  # as handed out before, whatever a caller set meanwhile
         try:
-            yield conn
+            yield from _bounded(conn, bound)
         finally:
             self._kept_used = time.monotonic()
             # as the pool does: a connection that broke, or that a caller left inside a
@@ -171,7 +198,7 @@ class StoreConnections:
                 self._kept = None
                 conn.close()
 
-    def _pooled_connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def _pooled_connection(self, bound: float) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         with self._pool_lock:
             if self._pool is None:
                 self._pool = psycopg_pool.ConnectionPool(
@@ -187,14 +214,12 @@ class StoreConnections:
             pool = self._pool
         with pool.connection() as conn:
             conn.row_factory = dict_row
-            yield conn
+            yield from _bounded(conn, bound)
 
     def _why_no_connection(self) -> str:
         # the pool only says it timed out; one direct attempt tells the operator why
         try:
-            with psycopg.connect(
-                self._conninfo, connect_timeout=max(1, math.ceil(self._connect_timeout))
-            ):
+            with psycopg.connect(self._conninfo, **self._bounds):
                 return f"all {self.pool_connections} pooled connections are busy"
         except psycopg.Error as exc:
             return str(exc).strip()
@@ -214,3 +239,18 @@ class StoreConnections:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+def _bounded(
+    conn: psycopg.Connection[dict[str, Any]], seconds: float
+) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    with WATCHDOG.bound(conn, seconds) as call:
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            if call.overran:
+                raise LeaseStoreUnavailable(
+                    f"lease store unavailable: no answer within {seconds:.3g} s "
+                    "(the connection was ended)"
+                ) from exc
+            raise

@@ -17,6 +17,7 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
@@ -28,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease import audit_payload
 from airflow_plugins.lease.agent_client import AgentClient
-from airflow_plugins.lease.connections import StoreConnections
+from airflow_plugins.lease.connections import DEFAULT_CALL_TIMEOUT, StoreConnections
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost
 from airflow_plugins.lease.holder import Holder
 from airflow_plugins.lease.queries import query
@@ -37,6 +38,8 @@ MAX_KEY_CHARS = 512
 DEFAULT_TTL = 60.0
 DEFAULT_HORIZON_DAYS = 400
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
+# retention moves and deletes many rows: its calls get longer than the store's call_timeout
+RETENTION_TIMEOUT = 3600.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -61,6 +64,9 @@ class Lease:
     ttl: float
     expires_at: datetime
     business_date: date | None = None
+    # time.monotonic() when the acquire was sent: the server's expiry is at least this plus
+    # the TTL, so the keeper counts its deadline from here (None: from when it starts)
+    asked_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,7 @@ class Acquisition:
     detail: str | None = None
     ttl: float = DEFAULT_TTL
     business_date: date | None = None
+    asked_at: float | None = None
 
     @property
     def granted(self) -> bool:
@@ -112,6 +119,7 @@ class Acquisition:
             self.ttl,
             self.expires_at,
             self.business_date,
+            self.asked_at,
         )
 
 
@@ -170,6 +178,9 @@ class LeaseStore:
         pool_size: most connections this store opens at once (one it keeps for the hot path,
             the others pooled for calls made while that one is busy).
         connect_timeout: seconds to wait for a connection before failing closed.
+        call_timeout: seconds a call may wait for its answer; past it the connection is ended
+            and the call fails closed (``LeaseStoreUnavailable``). The keeper's renewals are
+            bounded by the lease's own deadline, which is shorter.
         agent_socket: the Unix socket of a lease agent (``airflow_plugins.lease.agent``) that
             runs the hot statements (acquire, renew, finish) on its warm connections; when no
             agent listens there, or it serves another store, they run on the store's own.
@@ -185,6 +196,7 @@ class LeaseStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         pool_size: int = 4,
         connect_timeout: float = 5.0,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
         agent_socket: str | None = None,
     ) -> None:
         self.ttl = check_ttl(ttl)
@@ -196,7 +208,10 @@ class LeaseStore:
         if pool_size < 1:
             raise InvalidLeaseInput("pool_size must be at least 1")
         self._connections = StoreConnections(
-            conninfo, pool_size=pool_size, connect_timeout=connect_timeout
+            conninfo,
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            call_timeout=call_timeout,
         )
         # the connection of a serialized() block, for calls made on that block's thread
         self._serializing = threading.local()
@@ -210,19 +225,23 @@ class LeaseStore:
     # -- plumbing -----------------------------------------------------------------------------
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    def connection(
+        self, timeout: float | None = None
+    ) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """An autocommit connection with dict rows; failures to reach Postgres fail closed.
 
-        The store's kept connection when it is free, else one from its pool.
+        The store's kept connection when it is free, else one from its pool. The block is
+        bounded by ``timeout`` (default: the store's ``call_timeout``).
 
         Raises:
-            LeaseStoreUnavailable: Postgres could not be reached or dropped the connection.
+            LeaseStoreUnavailable: Postgres could not be reached, dropped the connection or
+                did not answer in time.
         """
         held: psycopg.Connection[dict[str, Any]] | None = getattr(self._serializing, "conn", None)
         if held is not None:
             yield held
             return
-        with self._connections.connection() as conn:
+        with self._connections.connection(timeout) as conn:
             yield conn
 
     @contextmanager
@@ -248,17 +267,21 @@ class LeaseStore:
             finally:
                 self._serializing.conn = None
 
-    def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        with self.connection() as conn:
+    def _rows(
+        self, name: str, params: Mapping[str, Any], *, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        with self.connection(timeout) as conn:
             return conn.execute(query(name), params).fetchall()
 
-    def _tuples(self, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    def _tuples(
+        self, name: str, params: Mapping[str, Any], *, timeout: float | None = None
+    ) -> list[tuple[Any, ...]]:
         # the hot path: tuple rows, no per-row dict; through the agent when there is one
         if self.agent is not None and getattr(self._serializing, "conn", None) is None:
             rows = self.agent.tuples(name, params)
             if rows is not None:
                 return rows
-        with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
+        with self.connection(timeout) as conn, conn.cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(query(name), params).fetchall()
 
     def warm_up(self) -> bool:
@@ -339,10 +362,11 @@ class LeaseStore:
             "horizon_days": self.horizon_days,
             "input": self._audit_json(input),
         }
+        asked_at = time.monotonic()
         # a new key is granted by one plain statement; anything else is decided by the
         # store's function (a second round trip, only when the first granted nothing)
         rows = self._tuples("acquire", params) or self._tuples("acquire_decided", params)
-        return self._acquisition(key, rows[0], ttl, business_date, holder)
+        return self._acquisition(key, rows[0], ttl, business_date, holder, asked_at)
 
     def acquire_many(
         self,
@@ -359,6 +383,7 @@ class LeaseStore:
         for key in keys:
             check_key(key)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
+        asked_at = time.monotonic()
         rows = self._tuples(
             "acquire_batch",
             {
@@ -369,10 +394,19 @@ class LeaseStore:
                 "horizon_days": self.horizon_days,
             },
         )
-        return [self._acquisition(row[0], row[1:], ttl, business_date, holder) for row in rows]
+        return [
+            self._acquisition(row[0], row[1:], ttl, business_date, holder, asked_at) for row in rows
+        ]
 
-    def renew(self, lease: Lease, *, ttl: float | None = None) -> datetime:
+    def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> datetime:
         """Extends the lease; returns the new expiry.
+
+        Args:
+            lease: the held lease.
+            ttl: the new TTL (default: the lease's).
+            timeout: seconds to wait for the answer (default: the store's ``call_timeout``).
 
         Raises:
             LeaseLost: the lease was taken over or released; stop the work.
@@ -380,7 +414,9 @@ class LeaseStore:
         """
         ttl = lease.ttl if ttl is None else check_ttl(ttl)
         rows = self._tuples(
-            "renew", {"key": lease.key, "token": lease.token, "ttl_ms": round(ttl * 1000)}
+            "renew",
+            {"key": lease.key, "token": lease.token, "ttl_ms": round(ttl * 1000)},
+            timeout=timeout,
         )
         if not rows:
             raise LeaseLost(lease.key, lease.token, "renew found another holder or none")
@@ -455,6 +491,7 @@ class LeaseStore:
         ttl: float,
         business_date: date | None,
         caller: Holder,
+        asked_at: float | None = None,
     ) -> Acquisition:
         # row: outcome, token, attempt, holder, expires_at, result, previous_holder,
         # previous_token, detail, held_by_caller (queries.sql: acquire, acquire_batch).
@@ -474,6 +511,7 @@ class LeaseStore:
             detail=detail,
             ttl=ttl,
             business_date=business_date,
+            asked_at=asked_at,
         )
 
     # -- administration (each needs an actor and a reason; each is audited) --------------------
@@ -568,7 +606,9 @@ class LeaseStore:
         Returns:
             How many partitions were created.
         """
-        rows = self._rows("ensure_audit_partitions", {"from": start, "until": until})
+        rows = self._rows(
+            "ensure_audit_partitions", {"from": start, "until": until}, timeout=RETENTION_TIMEOUT
+        )
         made: int = rows[0]["ensure_audit_partitions"]
         return made
 
@@ -584,7 +624,9 @@ class LeaseStore:
         if audit_keep_months < 1:
             raise InvalidLeaseInput("audit_keep_months must be at least 1")
         rows = self._rows(
-            "prune", {"horizon_days": self.horizon_days, "audit_keep_months": audit_keep_months}
+            "prune",
+            {"horizon_days": self.horizon_days, "audit_keep_months": audit_keep_months},
+            timeout=RETENTION_TIMEOUT,
         )
         return int(rows[0]["dropped_partitions"]), int(rows[0]["pruned_leases"])
 

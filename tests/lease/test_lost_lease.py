@@ -24,7 +24,6 @@ TTL = 2.0
 MOST_ATTEMPTS = 12
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 5: the keeper hangs on a black hole")
 def test_a_black_holed_keeper_declares_the_lease_lost_before_another_is_granted(
     lease_db: str,
 ) -> None:
@@ -74,7 +73,6 @@ def test_a_black_holed_keeper_declares_the_lease_lost_before_another_is_granted(
     assert "could not renew" in (keeper.lost_reason or "")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 6: no backoff before the deadline")
 def test_an_outage_costs_a_few_reconnects_not_a_storm(lease_db: str) -> None:
     proxy, via_proxy = TcpProxy.to_dsn(lease_db)
     with proxy, LeaseStore(via_proxy, connect_timeout=1.0, pool_size=1) as store:
@@ -91,7 +89,6 @@ def test_an_outage_costs_a_few_reconnects_not_a_storm(lease_db: str) -> None:
     assert 1 <= attempts <= MOST_ATTEMPTS, f"{attempts} connection attempts in one outage"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 5: sink connections are unbounded")
 def test_sink_connections_are_bounded_in_time(
     sink_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
