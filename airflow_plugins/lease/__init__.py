@@ -18,6 +18,7 @@ from __future__ import annotations
 from airflow_plugins.lease.audit_payload import for_audit, mask
 from airflow_plugins.lease.connection_bounds import connect_sink
 from airflow_plugins.lease.errors import (
+    FenceBusy,
     InvalidLeaseInput,
     LeaseError,
     LeaseLost,
@@ -48,6 +49,7 @@ __all__ = [
     "LEASE_STORE",
     "SINK_FENCE",
     "Acquisition",
+    "FenceBusy",
     "FencedWrite",
     "Holder",
     "InvalidLeaseInput",

@@ -42,3 +42,15 @@ class StaleToken(LeaseError):
         super().__init__(
             f"sink fence refused token {token} for {key!r}: token {current} has superseded it"
         )
+
+
+class FenceBusy(LeaseError):
+    """A sink's fence row stayed locked past its bound by a session the holder may not end.
+
+    Nothing was written; the work fails closed and is retried.
+    """
+
+    def __init__(self, key: str, token: int, detail: str) -> None:
+        self.key = key
+        self.token = token
+        super().__init__(f"sink fence of {key!r} busy for token {token}: {detail}")

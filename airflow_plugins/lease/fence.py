@@ -9,23 +9,37 @@ writes and claims their ledger rows, and commits all of it at once:
 * a holder paused *inside* its transaction holds the fence row; Postgres ends its session after
   ``idle_timeout`` (``idle_in_transaction_session_timeout``), so its commit fails and the new
   holder goes on;
+* a holder frozen *inside a statement* (mid-``COPY FROM STDIN``, SIGSTOP while the server waits
+  on it) is not idle, so no idle timeout ends it: the newer holder's advance waits at most
+  ``lock_timeout``, then ends the sessions of the key's older holders still in a fenced
+  transaction (``pg_terminate_backend``: the sink role needs to be theirs or a member of
+  ``pg_signal_backend``) and advances. The frozen holder's transaction is rolled back, so it
+  never commits after the newer holder got through; the newer holder is delayed by at most
+  ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default);
 * a taken-over run finds the items already done in the ledger and skips them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from airflow_plugins.lease.errors import InvalidLeaseInput, StaleToken
+from airflow_plugins.lease.errors import FenceBusy, InvalidLeaseInput, StaleToken
 from airflow_plugins.lease.queries import query
 from airflow_plugins.lease.store import check_key
 
+log = logging.getLogger(__name__)
+
 DEFAULT_IDLE_TIMEOUT = 10.0
+# how long a fence advance waits for the key's row before ending older holders' sessions
+DEFAULT_LOCK_TIMEOUT = 5.0
+# how long it then waits for each such session to exit
+TERMINATE_WAIT = 5.0
 MAX_ITEM_CHARS = 512
 
 
@@ -38,6 +52,16 @@ def _check_item(item: object) -> str:
 def idempotency_key(key: str, item: str) -> str:
     """A stable per-item idempotency key (for payment APIs and other HTTP sinks)."""
     return hashlib.sha256(f"{key}\x1f{item}".encode()).hexdigest()
+
+
+def holder_mark(key: str, token: int) -> str:
+    """The ``application_name`` of a session inside a fenced transaction of ``key`` and
+    ``token`` (63 bytes at most, as Postgres keeps it; the key is hashed)."""
+    return f"runfence {_key_hash(key)} {token}"
+
+
+def _key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def http_headers(key: str, token: int, item: str) -> dict[str, str]:
@@ -90,31 +114,90 @@ def fenced_transaction(
     token: int,
     *,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Iterator[FencedWrite]:
     """Opens a transaction on the sink connection that only the key's newest holder can commit.
 
+    The advance waits at most ``lock_timeout`` for the key's fence row; a row held by an
+    older holder still inside its fenced transaction (frozen in a statement) has that session
+    ended, and the advance is tried once more.
+
     Raises:
         StaleToken: a higher token has already written under ``key``; nothing was written.
+        FenceBusy: the fence row stayed locked by a session that is not an older holder, or
+            an older holder's session could not be ended (privilege); nothing was written.
         InvalidLeaseInput: bad key, token or timeout.
     """
     check_key(key)
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
-    if idle_timeout <= 0:
-        raise InvalidLeaseInput("idle_timeout must be positive")
+    if idle_timeout <= 0 or lock_timeout <= 0:
+        raise InvalidLeaseInput("idle_timeout and lock_timeout must be positive")
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         # inside an open transaction this would only be a savepoint: the fence and the writes
         # must commit together, on their own
         raise InvalidLeaseInput("fenced_transaction needs a connection with no open transaction")
-    with conn.transaction():
-        conn.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
-            (f"{round(idle_timeout * 1000)}ms",),
+    begin = {
+        "idle": f"{round(idle_timeout * 1000)}ms",
+        "lock": f"{round(lock_timeout * 1000)}ms",
+        "mark": holder_mark(key, token),
+    }
+    ended_older = False
+    while True:
+        advanced = False
+        try:
+            with conn.transaction():
+                row = conn.execute(query("fence_begin"), begin).fetchone()
+                prior = row[0] if row else "0"
+                advance = {"key": key, "token": token, "prior_lock_timeout": prior}
+                if conn.execute(query("fence_advance_bounded"), advance).fetchone() is None:
+                    current = conn.execute(query("fence_current"), {"key": key}).fetchone()
+                    raise StaleToken(key, token, current[0] if current else None)
+                advanced = True
+                yield FencedWrite(conn, key, token)
+            return
+        except psycopg.errors.LockNotAvailable:
+            if advanced:
+                raise  # the caller's own write timed out on a lock: not the fence's
+            if ended_older:
+                raise FenceBusy(
+                    key, token, f"its fence row stayed locked for {lock_timeout:.3g} s again"
+                ) from None
+        _end_older_holders(conn, key, token, lock_timeout)
+        ended_older = True
+
+
+def _end_older_holders(
+    conn: psycopg.Connection[Any], key: str, token: int, lock_timeout: float
+) -> None:
+    params = {"mark": _key_hash(key), "token": token, "wait_ms": round(TERMINATE_WAIT * 1000)}
+    try:
+        ended = conn.execute(query("fence_end_older_holders"), params).fetchall()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise FenceBusy(
+            key,
+            token,
+            "an older holder's session holds its fence row and this role may not end it "
+            "(make the sink role the holders' own, or GRANT pg_signal_backend TO it)",
+        ) from exc
+    if not ended:
+        current = fence_token(conn, key)
+        if current is not None and current > token:
+            raise StaleToken(key, token, current)
+        raise FenceBusy(
+            key,
+            token,
+            f"its fence row stayed locked for {lock_timeout:.3g} s by a session that is not "
+            "an older holder's fenced transaction",
         )
-        if conn.execute(query("fence_advance"), {"key": key, "token": token}).fetchone() is None:
-            row = conn.execute(query("fence_current"), {"key": key}).fetchone()
-            raise StaleToken(key, token, row[0] if row else None)
-        yield FencedWrite(conn, key, token)
+    log.warning(
+        "sink fence %s: token %s ended %s session(s) of older holders frozen in their fenced "
+        "transaction (pids %s)",
+        key,
+        token,
+        len(ended),
+        ", ".join(str(r[0]) for r in ended),
+    )
 
 
 def advance_fence(conn: psycopg.Connection[Any], key: str, token: int) -> None:

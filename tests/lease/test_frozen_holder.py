@@ -65,7 +65,6 @@ def _status(pid: int) -> str:
         return "gone"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 7: a holder frozen mid-COPY blocks")
 def test_a_holder_frozen_mid_copy_neither_blocks_the_new_holder_nor_commits(
     store: LeaseStore, private_sink: str
 ) -> None:

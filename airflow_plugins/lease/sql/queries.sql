@@ -166,6 +166,42 @@ ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
 WHERE f.token <= excluded.token
 RETURNING token;
 
+-- name: fence_begin
+-- The first statement of a fenced transaction, all local to it: the session is ended if it
+-- idles inside it, the fence advance waits at most %(lock)s, and the session's
+-- application_name marks it as the holder of token N of one key (``runfence <key hash> N``),
+-- so a newer holder blocked by it can find it and end it (fence_end_older_holders). Returns
+-- the session's own lock_timeout, which the advance puts back for the caller's writes.
+WITH prior AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout)
+SELECT prior.lock_timeout,
+       set_config('idle_in_transaction_session_timeout', %(idle)s, true),
+       set_config('lock_timeout', %(lock)s, true),
+       set_config('application_name', %(mark)s, true)
+FROM prior;
+
+-- name: fence_advance_bounded
+-- fence_advance under fence_begin's lock_timeout; once it holds the row it restores the
+-- session's lock_timeout (RETURNING runs after the row is locked), so the caller's own writes
+-- wait on locks as they would have.
+INSERT INTO runfence.fence AS f (key, token) VALUES (%(key)s, %(token)s)
+ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
+WHERE f.token <= excluded.token
+RETURNING token, set_config('lock_timeout', %(prior_lock_timeout)s, true);
+
+-- name: fence_end_older_holders
+-- Ends the sessions of this key's older holders that are still inside a fenced transaction
+-- (marked by fence_begin): a holder frozen inside a statement (mid-COPY, SIGSTOP) is "active",
+-- so no idle timeout ends it, and it would block the newer holder's advance for as long as it
+-- is frozen. Its transaction rolls back: it can no longer commit. Needs the sink role to be
+-- the holders' own role or a member of pg_signal_backend. Waits %(wait_ms)s for each to exit.
+SELECT a.pid, pg_terminate_backend(a.pid, %(wait_ms)s::bigint) AS ended
+FROM pg_stat_activity a
+WHERE a.datname = current_database()
+  AND a.pid <> pg_backend_pid()
+  AND CASE WHEN a.application_name ~ ('^runfence ' || %(mark)s::text || ' [0-9]{1,18}$')
+           THEN split_part(a.application_name, ' ', 3)::bigint < %(token)s::bigint
+           ELSE false END;
+
 -- name: fence_current
 SELECT token FROM runfence.fence WHERE key = %(key)s;
 
