@@ -11,8 +11,14 @@ so the guarantee lives in the operator and the policy wrapper):
 * Task-instance hooks (in the task process; in the API server when a user marks a try): an
   audit row for a try that fails (``try_failed``) or skips itself (``try_skipped``), and on
   failure the try's running lease is failed on its behalf (actor ``listener``), so the next try
-  is granted at once instead of waiting for the TTL. A try killed with SIGKILL fires no hook in
-  its own process: lease expiry is the release path there. A try's start and success are not
+  is granted at once instead of waiting for the TTL, but only when its holder is shown gone:
+  the hook runs in the holder's own process (the try reports its own end), or the holder's
+  process is verified dead on this host, or its lease has missed renewals for at least
+  ``MISSED_HEARTBEATS`` heartbeats. Airflow's word alone ("killed externally", a try reset or
+  failed by a scheduler that adopted it) is not enough: the process may still run, and a retry
+  granted beside it would overlap it; such a lease is left to end with its work or by expiry.
+  A try killed with SIGKILL fires no hook in its own process: lease expiry is the release path
+  there. A try's start and success are not
   written again here: the lease store's own ``acquire`` row (holder with try number, token,
   input, outcome) and ``complete`` row (output, duration) record them, and two more writes per
   task were most of what the plugin added to a short task (``bench/operator_overhead.py``).
@@ -31,6 +37,8 @@ once per process, and failing a lease on behalf matches only a still-running lea
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -50,6 +58,8 @@ DAG_RUN_TASK = "_dag_run"
 ACTOR = "listener"
 CONNECT_TIMEOUT = 2.0
 PAUSE_AFTER_FAILURE = 30.0
+# a lease not renewed for this many heartbeats has a holder shown gone
+MISSED_HEARTBEATS = 2
 _RUN_EVENTS = ("dag_run_running", "dag_run_success", "dag_run_failed")
 
 _lock = threading.Lock()
@@ -346,15 +356,52 @@ def fail_running_lease(ti: Any, error: object) -> list[str]:
     }
     failed = []
     prefix = f"{holder.dag_id}/{holder.task_id}/"
+    reason = f"try failed: {error}"[:2000]
     for row in store.list_leases(prefix=prefix, state="running", limit=1000):
         stored = row.get("holder") or {}
-        if all(stored.get(k) == v for k, v in match.items()):
+        if not all(stored.get(k) == v for k, v in match.items()):
+            continue
+        if _holder_gone(stored, in_task=in_task):
+            # this very process, or a dead one: match it exactly, it cannot renew again
+            exact = {**match, "host": stored.get("host"), "pid": stored.get("pid")}
+            token = store.fail_on_behalf(row["key"], exact, actor=ACTOR, reason=reason)
+        else:
             token = store.fail_on_behalf(
-                row["key"], match, actor=ACTOR, reason=f"try failed: {error}"[:2000]
+                row["key"],
+                match,
+                actor=ACTOR,
+                reason=reason,
+                silent_for=MISSED_HEARTBEATS * config.heartbeat(),
             )
-            if token is not None:
-                failed.append(str(row["key"]))
+            if token is None:
+                log.info(
+                    "exactly-once: %s: Airflow reports the try failed, but its holder still "
+                    "renews the lease: left to end with its work or by expiry",
+                    row["key"],
+                )
+        if token is not None:
+            failed.append(str(row["key"]))
     return failed
+
+
+def _holder_gone(stored: Mapping[str, Any], *, in_task: bool) -> bool:
+    """Whether the lease's holder is shown gone without waiting for missed renewals: the hook
+    runs in the holder's own process (its try has ended), or the holder ran on this host and
+    its process no longer exists."""
+    if stored.get("host") != socket.gethostname():
+        return False
+    pid = stored.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return in_task
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (another user's process)
+    return False
 
 
 @hookimpl

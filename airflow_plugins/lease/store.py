@@ -537,18 +537,43 @@ class LeaseStore:
         return approved
 
     def fail_on_behalf(
-        self, key: str, match: Mapping[str, Any], *, actor: str, reason: str
+        self,
+        key: str,
+        match: Mapping[str, Any],
+        *,
+        actor: str,
+        reason: str,
+        silent_for: float | None = None,
     ) -> int | None:
         """Fails the running lease of the try whose holder contains ``match``.
 
-        Returns the failed token, or None when that try does not hold the lease (any more).
+        Args:
+            key: the lease key.
+            match: holder fields the lease's holder must contain.
+            actor: who fails it (audited).
+            reason: why (audited).
+            silent_for: fail it only if it was not renewed for this many seconds (its holder
+                is shown gone by its missed renewals); decided in the same statement.
+
+        Returns the failed token, or None when that try does not hold the lease (any more),
+        or still renewed it within ``silent_for``.
         """
         check_key(key)
         if not match:
             raise InvalidLeaseInput("fail_on_behalf needs holder fields to match")
-        rows = self._admin(
-            "fail_on_behalf", key=key, match=Jsonb(dict(match)), actor=actor, reason=reason
-        )
+        if silent_for is None:
+            rows = self._admin(
+                "fail_on_behalf", key=key, match=Jsonb(dict(match)), actor=actor, reason=reason
+            )
+        else:
+            rows = self._admin(
+                "fail_on_behalf_if_silent",
+                key=key,
+                match=Jsonb(dict(match)),
+                actor=actor,
+                reason=reason,
+                silent_ms=round(silent_for * 1000),
+            )
         return rows[0]["token"] if rows else None
 
     def _admin(self, name: str, **params: Any) -> list[dict[str, Any]]:

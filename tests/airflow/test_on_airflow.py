@@ -273,7 +273,7 @@ def test_clearing_a_running_protected_task_stops_it_and_releases_its_lease(
 
 
 @pytest.mark.slow
-def test_a_try_marked_failed_has_its_lease_failed_by_the_listener(
+def test_a_try_marked_failed_has_its_lease_ended_without_waiting_for_expiry(
     airflow: AirflowHarness,  # noqa: F811
     item_rows: str,
 ) -> None:
@@ -290,15 +290,20 @@ def test_a_try_marked_failed_has_its_lease_failed_by_the_listener(
         f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/charge",
         json={"new_state": "failed"},
     )
+    # the API server's listener does not fail the lease while the try's process still renews
+    # it (issue 16 item 8): the try, told by its supervisor, ends it itself (on_kill releases
+    # it), or the listener fails it once the holder is shown gone
+    ends = ("release", "fail", "fail_on_behalf")
     with airflow.lease_store() as store:
         failed = wait_for(
-            lambda: [r for r in store.history(key) if r["event"] == "fail_on_behalf"],
-            timeout=30,
-            what="the listener to fail the lease",
+            lambda: [r for r in store.history(key) if r["event"] in ends],
+            timeout=60,
+            what="the lease to be ended",
         )
         lease = store.get(key)
         assert lease is not None
-        assert (lease["state"], lease["token"]) == ("failed", first_token)
+        assert lease["state"] in ("failed", "released")
+        assert lease["token"] == first_token
         # the old try's process ends (its keeper loses the lease; the supervisor SIGTERMs it)
         wait_for(lambda: not pid_alive(procs.task), timeout=60, what="the old try to end")
         stopped = len(_item_rows(item_rows, key))
@@ -309,9 +314,7 @@ def test_a_try_marked_failed_has_its_lease_failed_by_the_listener(
         history = store.history(key)
 
     fail = failed[0]
-    assert fail["actor"] == "listener"
     assert fail["token"] == first_token
-    assert "manually set" in fail["reason"]
     assert fail["holder"]["try_number"] == 1
     acquires = [(r["outcome"], r["token"]) for r in history if r["event"] == "acquire"]
     assert [a[0] for a in acquires] == ["granted", "granted"]

@@ -104,6 +104,25 @@ SELECT runlease.approve_rerun(%(key)s, %(business_date)s, %(actor)s, %(reason)s)
 -- name: fail_on_behalf
 SELECT * FROM runlease.fail_on_behalf(%(key)s, %(match)s, %(actor)s, %(reason)s);
 
+-- name: fail_on_behalf_if_silent
+-- runlease.fail_on_behalf, only when the lease has not been renewed (or, never renewed, was
+-- acquired) more than %(silent_ms)s ago: its holder has missed its renewals. A holder that
+-- still renews is left alone (its lease ends with its work, or by expiry).
+WITH failed AS (
+    UPDATE runlease.lease AS l
+    SET state = 'failed', finished_at = now(), error = %(reason)s::text
+    WHERE l.key = %(key)s::text AND l.state = 'running' AND l.holder @> %(match)s::jsonb
+      AND coalesce(l.renewed_at, l.acquired_at)
+          < now() - make_interval(secs => %(silent_ms)s::bigint / 1000.0)
+    RETURNING l.*
+)
+SELECT f.token,
+       runlease.record(f.key, 'fail_on_behalf', f.token, f.holder, f.attempt,
+                       f.business_date, NULL, NULL,
+                       floor(extract(epoch FROM now() - f.acquired_at) * 1000)::bigint,
+                       'failed', %(actor)s::text, %(reason)s::text)
+FROM failed f;
+
 -- name: lock_key
 -- Held to the end of the caller's transaction (LeaseStore.serialized); the lease row's own lock
 -- is not used, so lease transitions never wait for an observer.
