@@ -13,12 +13,12 @@ import psycopg
 import pytest
 
 from airflow_plugins.fence_context import Fence
-from airflow_plugins.lease import Holder, LeaseKeeper, LeaseStore
+from airflow_plugins.lease import Holder, LeaseKeeper, LeaseStore, LeaseStoreUnavailable
 from tests.lease.tcp_proxy import TcpProxy
 from tests.lease.waiting import wait_for
 
 KEY = "billing_nightly/charge/2024-02-15"
-TTL = 2.0
+TTL = 3.0  # margin 0.6 s: room for a busy machine
 # connection attempts the keeper may make through an outage of one TTL: a few per renew
 # interval (today's keeper made hundreds in the last fraction of a second)
 MOST_ATTEMPTS = 12
@@ -107,3 +107,20 @@ def test_sink_connections_are_bounded_in_time(
             assert int(params.get("tcp_user_timeout", "0")) > 0
             assert int(params.get("connect_timeout", "0")) > 0
             assert isinstance(conn, psycopg.Connection)
+
+
+def test_a_store_call_on_a_black_holed_connection_fails_closed_in_its_bound(
+    lease_db: str,
+) -> None:
+    proxy, via_proxy = TcpProxy.to_dsn(lease_db)
+    with proxy, LeaseStore(via_proxy, connect_timeout=1.0, call_timeout=1.0) as store:
+        assert store.acquire(KEY, Holder.process("a")).granted  # the kept connection is open
+        proxy.blackhole()
+        with pytest.raises(LeaseStoreUnavailable, match="no answer within 1 s"):
+            store.get(KEY)
+        with pytest.raises(LeaseStoreUnavailable):
+            store.acquire(KEY, Holder.process("b"))  # a new connection: connect_timeout
+        proxy.forward()
+        row = store.get(KEY)  # the ended connection was not reused
+    assert row is not None
+    assert row["state"] == "running"
