@@ -44,6 +44,8 @@ class CallWatchdog:
         self._cond = threading.Condition(threading.Lock())
         self._calls: set[BoundedCall] = set()
         self._running = False
+        # when the thread wakes next (None: only when told); a later deadline needs no wake-up
+        self._wakes_at: float | None = None
 
     @contextlib.contextmanager
     def bound(self, conn: psycopg.Connection[Any], seconds: float) -> Iterator[BoundedCall]:
@@ -54,7 +56,7 @@ class CallWatchdog:
             if not self._running:
                 self._running = True
                 _thread.start_new_thread(self._run, ())
-            else:
+            elif self._wakes_at is None or call.deadline < self._wakes_at:
                 self._cond.notify()
         try:
             yield call
@@ -71,6 +73,7 @@ class CallWatchdog:
                     call.overran = True
                     _shut_down(call.conn)
                 nearest = min((c.deadline for c in self._calls), default=None)
+                self._wakes_at = nearest
                 self._cond.wait(None if nearest is None else max(0.0, nearest - now))
 
 
