@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -41,6 +40,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from airflow_plugins.lease import wire
+from airflow_plugins.lease.connection_bounds import bounded_params
 from airflow_plugins.lease.connections import unreachable
 from airflow_plugins.lease.queries import query
 
@@ -89,7 +89,8 @@ class LeaseAgent:
         self._connect_kwargs: dict[str, Any] = {
             "autocommit": True,
             "application_name": "runlease-agent",
-            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            # keepalives, tcp_user_timeout, connect_timeout: a dead route ends the connection
+            **bounded_params(conninfo, connect_timeout=connect_timeout),
             "prepare_threshold": 5 if prepare else None,
         }
         self._listener: socket.socket | None = None
