@@ -163,16 +163,23 @@ def fenced_transaction(
                 raise FenceBusy(
                     key, token, f"its fence row stayed locked for {lock_timeout:.3g} s again"
                 ) from None
-        _end_older_holders(conn, key, token, lock_timeout)
-        ended_older = True
+        # False: only this holder's own other transactions hold it; wait for them as before
+        ended_older = _end_older_holders(conn, key, token, lock_timeout)
 
 
 def _end_older_holders(
     conn: psycopg.Connection[Any], key: str, token: int, lock_timeout: float
-) -> None:
+) -> bool:
+    """Ends the key's older holders' sessions; True when it ended some, False when only the
+    holder's own other transactions (same token) are there.
+
+    Raises:
+        StaleToken: a newer holder has written under the key.
+        FenceBusy: no such session holds the row, or this role may not end one.
+    """
     params = {"mark": _key_hash(key), "token": token, "wait_ms": round(TERMINATE_WAIT * 1000)}
     try:
-        ended = conn.execute(query("fence_end_older_holders"), params).fetchall()
+        sessions = conn.execute(query("fence_end_older_holders"), params).fetchall()
     except psycopg.errors.InsufficientPrivilege as exc:
         raise FenceBusy(
             key,
@@ -180,6 +187,9 @@ def _end_older_holders(
             "an older holder's session holds its fence row and this role may not end it "
             "(make the sink role the holders' own, or GRANT pg_signal_backend TO it)",
         ) from exc
+    ended = [row for row in sessions if row[1] is not None]
+    if not ended and sessions:
+        return False
     if not ended:
         current = fence_token(conn, key)
         if current is not None and current > token:
@@ -198,6 +208,7 @@ def _end_older_holders(
         len(ended),
         ", ".join(str(r[0]) for r in ended),
     )
+    return True
 
 
 def advance_fence(conn: psycopg.Connection[Any], key: str, token: int) -> None:

@@ -140,3 +140,44 @@ def test_a_holder_frozen_mid_copy_neither_blocks_the_new_holder_nor_commits(
     assert [r[0] for r in rows] == customers  # every customer charged, each once
     assert {(r[1], r[2]) for r in rows} == {(new.token, "new")}
     assert ledger == [(new.token,)]
+
+
+def test_the_holders_own_second_transaction_waits_and_is_not_ended(private_sink: str) -> None:
+    # two transactions of one holder (one token, e.g. two threads of one body) queue on the
+    # fence row as before: neither is ended, nor refused as busy
+    key = f"{KEY}/own-{uuid.uuid4().hex[:8]}"
+    order: list[str] = []
+    with (
+        psycopg.connect(private_sink, autocommit=True) as first,
+        psycopg.connect(private_sink, autocommit=True) as second,
+    ):
+        second_started = threading.Event()
+
+        def later() -> None:
+            second_started.set()
+            with fenced_transaction(second, key, 7, lock_timeout=0.2):
+                order.append("second committed")
+
+        with fenced_transaction(first, key, 7, lock_timeout=0.2) as tx:
+            assert tx.claim("customer-000")
+            thread = threading.Thread(target=later, daemon=True)
+            thread.start()
+            assert second_started.wait(timeout=30)
+            # the second waits past several of its lock timeouts
+            first_wait = wait_for(lambda: _lock_waits(private_sink), timeout=30)
+            wait_for(lambda: _lock_waits(private_sink) - first_wait, timeout=30)
+            order.append("first committing")
+        thread.join(timeout=60)
+        assert not first.closed
+    assert order == ["first committing", "second committed"]
+
+
+def _lock_waits(dsn: str) -> set[str]:
+    """The start times of the statements now waiting on a lock (a retried advance is a new
+    statement, with a later start)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query_start::text FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchall()
+    return {str(r[0]) for r in rows}

@@ -213,13 +213,19 @@ RETURNING token, set_config('lock_timeout', %(prior_lock_timeout)s, true);
 -- so no idle timeout ends it, and it would block the newer holder's advance for as long as it
 -- is frozen. Its transaction rolls back: it can no longer commit. Needs the sink role to be
 -- the holders' own role or a member of pg_signal_backend. Waits %(wait_ms)s for each to exit.
-SELECT a.pid, pg_terminate_backend(a.pid, %(wait_ms)s::bigint) AS ended
+-- Sessions of the same token (the holder's own other transactions) are listed, not ended
+-- (ended is NULL for them).
+SELECT a.pid,
+       CASE WHEN m.token < %(token)s::bigint
+            THEN pg_terminate_backend(a.pid, %(wait_ms)s::bigint) END AS ended
 FROM pg_stat_activity a
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN a.application_name ~ ('^runfence ' || %(mark)s::text || ' [0-9]{1,18}$')
+                THEN split_part(a.application_name, ' ', 3)::bigint END AS token
+) m
 WHERE a.datname = current_database()
   AND a.pid <> pg_backend_pid()
-  AND CASE WHEN a.application_name ~ ('^runfence ' || %(mark)s::text || ' [0-9]{1,18}$')
-           THEN split_part(a.application_name, ' ', 3)::bigint < %(token)s::bigint
-           ELSE false END;
+  AND m.token <= %(token)s::bigint;
 
 -- name: fence_current
 SELECT token FROM runfence.fence WHERE key = %(key)s;
