@@ -7,11 +7,11 @@ anywhere in the masked form, and the words that only look like secrets stay read
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
-import pytest
-
-from airflow_plugins.lease import audit_payload
+from airflow_plugins.lease import audit_payload, masking
 
 SECRET = "S3cr3t-Value_42"
 # (case, value, the secret texts that must be gone, the texts that must stay)
@@ -97,7 +97,7 @@ CASES: list[tuple[str, Any, list[str], list[str]]] = [
     ),
     (
         "password with a quote in a URL",
-        {"dsn": f'postgresql://u:a"{SECRET}@db/x'},
+        {"target": f'postgresql://u:a"{SECRET}@db/x'},
         [SECRET],
         [],
     ),
@@ -142,7 +142,23 @@ def _leaks(value: Any, gone: list[str], kept: list[str]) -> list[str]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: masking misses common secrets, over-masks")
 def test_every_secret_in_the_table_is_masked_and_the_rest_is_kept() -> None:
     wrong = {case: leaks for case, *row in CASES if (leaks := _leaks(*row))}
     assert wrong == {}
+
+
+def test_the_copy_of_airflows_sensitive_fields_matches_airflow() -> None:
+    from airflow._shared.secrets_masker import DEFAULT_SENSITIVE_FIELDS
+
+    assert frozenset(DEFAULT_SENSITIVE_FIELDS) == masking.AIRFLOW_SENSITIVE_FIELDS
+
+
+def test_every_airflow_field_is_masked() -> None:
+    for name in masking.AIRFLOW_SENSITIVE_FIELDS:
+        assert masking.mask({name: SECRET}) == {name: masking.MASK}, name
+
+
+def test_the_lease_package_does_not_import_airflow() -> None:
+    code = "import sys, airflow_plugins.lease.masking; print('airflow' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
