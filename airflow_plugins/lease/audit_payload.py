@@ -18,6 +18,7 @@ MASK = masking.MASK
 DEFAULT_MAX_BYTES = 16 * 1024
 _PREVIEW_CHARS = 512
 
+
 def to_json_value(value: Any, *, what: str) -> Any:
     """Checks that ``value`` survives a JSON round trip and returns the round-tripped value.
 

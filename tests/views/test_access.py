@@ -73,7 +73,7 @@ def test_every_endpoint_refuses_an_unauthenticated_request(
 
 
 def _auth(api: AirflowApi, user: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api.token(user)}", "Origin": api.url.split("://")[1]}
+    return {"Authorization": f"Bearer {api.token(user)}", "Origin": api.url}
 
 
 def _mode(api: AirflowApi, dag_id: str) -> str:
