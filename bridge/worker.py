@@ -63,7 +63,9 @@ async def serve(config: BridgeConfig, lanes: Sequence[str] | None = None) -> Non
     """Runs the lanes' workers until SIGTERM or SIGINT."""
     if not config.lease_dsn:
         raise ConfigError("the worker needs the lease store: set BRIDGE_LEASE_DSN")
-    migrate_bridge(config.lease_dsn)
+    if os.environ.get("BRIDGE_MIGRATE_AT_START", "1") != "0":
+        # a least-privilege role cannot migrate: docker/ migrates in airflow-init and sets 0
+        migrate_bridge(config.lease_dsn)
     codec = codec_from_env()
     warn_if_unencrypted(codec)
     client = await connect(config, codec=codec)
