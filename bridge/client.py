@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.converter import DataConverter
+from temporalio.service import TLSConfig
 
 from bridge.codec import EncryptionCodec, codec_from_env
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ConfigError
 
 
 class TemporalUnavailable(RuntimeError):
@@ -21,6 +23,36 @@ def data_converter(codec: EncryptionCodec | None) -> DataConverter:
     if codec is None:
         return DataConverter.default
     return dataclasses.replace(DataConverter.default, payload_codec=codec)
+
+
+def tls_config(config: BridgeConfig) -> TLSConfig | bool:
+    """Temporal's TLS options from the settings: False (plain), or TLS / mTLS.
+
+    Raises:
+        ConfigError: a client certificate without its key (or a key alone), or a file that
+            cannot be read.
+    """
+    files = (config.temporal_tls_ca_file, config.temporal_tls_cert_file)
+    wanted = config.temporal_tls or any(files) or bool(config.temporal_tls_server_name)
+    if not wanted and not config.temporal_tls_key_file:
+        return False
+    if bool(config.temporal_tls_cert_file) != bool(config.temporal_tls_key_file):
+        raise ConfigError("mTLS needs both BRIDGE_TEMPORAL_CERT and BRIDGE_TEMPORAL_KEY")
+
+    def read(path: str | None, what: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the Temporal TLS {what} {path!r}: {exc}") from exc
+
+    return TLSConfig(
+        server_root_ca_cert=read(config.temporal_tls_ca_file, "CA file"),
+        client_cert=read(config.temporal_tls_cert_file, "certificate"),
+        client_private_key=read(config.temporal_tls_key_file, "key"),
+        domain=config.temporal_tls_server_name or None,
+    )
 
 
 async def connect(
@@ -38,6 +70,7 @@ async def connect(
                 config.temporal_address,
                 namespace=config.namespace,
                 data_converter=data_converter(codec),
+                tls=tls_config(config),
             ),
             timeout=timeout_s,
         )

@@ -14,7 +14,14 @@ BRIDGE_DAGS_FOLDER     dags_folder                 (none: registered/importable 
 BRIDGE_MAX_PAYLOAD     max_payload_bytes           2000000 (under Temporal's 2 MiB blob limit)
 BRIDGE_READY_AFTER     ready_after                 5 matching shadow runs
 BRIDGE_COMPARE_POLL_S  compare_poll_s              30 (a shadow polls for the primary's end)
+BRIDGE_TEMPORAL_TLS    temporal_tls                false (true: TLS with the system's CAs)
+BRIDGE_TEMPORAL_CA     temporal_tls_ca_file        (none: the system's CAs) a PEM CA bundle
+BRIDGE_TEMPORAL_CERT   temporal_tls_cert_file      (none) client certificate PEM, for mTLS
+BRIDGE_TEMPORAL_KEY    temporal_tls_key_file       (none) its private key PEM, for mTLS
+BRIDGE_TEMPORAL_SNI    temporal_tls_server_name    (none: the address's host) name to verify
 =====================  ==========================  ===========================================
+
+Any of the CA, certificate or server name options turns TLS on; a certificate needs its key.
 """
 
 from __future__ import annotations
@@ -75,6 +82,11 @@ class BridgeConfig:
     max_payload_bytes: int = 2_000_000
     ready_after: int = 5
     compare_poll_s: float = 30.0
+    temporal_tls: bool = False
+    temporal_tls_ca_file: str | None = None
+    temporal_tls_cert_file: str | None = None
+    temporal_tls_key_file: str | None = None
+    temporal_tls_server_name: str | None = None
 
     @classmethod
     def load(cls) -> BridgeConfig:
@@ -93,6 +105,14 @@ class BridgeConfig:
             ),
             ready_after=int(_setting("BRIDGE_READY_AFTER", "ready_after", "5") or 5),
             compare_poll_s=float(_setting("BRIDGE_COMPARE_POLL_S", "compare_poll_s", "30") or 30.0),
+            temporal_tls=(_setting("BRIDGE_TEMPORAL_TLS", "temporal_tls", "false") or "").lower()
+            in ("1", "true", "yes"),
+            temporal_tls_ca_file=_setting("BRIDGE_TEMPORAL_CA", "temporal_tls_ca_file", None),
+            temporal_tls_cert_file=_setting("BRIDGE_TEMPORAL_CERT", "temporal_tls_cert_file", None),
+            temporal_tls_key_file=_setting("BRIDGE_TEMPORAL_KEY", "temporal_tls_key_file", None),
+            temporal_tls_server_name=_setting(
+                "BRIDGE_TEMPORAL_SNI", "temporal_tls_server_name", None
+            ),
         )
 
     def task_queue(self, lane: str) -> str:

@@ -25,6 +25,7 @@ from airflow_plugins.lease import LeaseStore
 from bridge.activities import BridgeActivities
 from bridge.catalog import TaskCatalog
 from bridge.client import connect
+from bridge.codec import codec_from_env, warn_if_unencrypted
 from bridge.config import BridgeConfig, ConfigError
 from bridge.cutover import ModeStore, migrate_bridge
 from bridge.workflows import DagRunWorkflow, MappedChunkWorkflow, ScheduledDagWorkflow
@@ -62,8 +63,12 @@ async def serve(config: BridgeConfig, lanes: Sequence[str] | None = None) -> Non
     """Runs the lanes' workers until SIGTERM or SIGINT."""
     if not config.lease_dsn:
         raise ConfigError("the worker needs the lease store: set BRIDGE_LEASE_DSN")
-    migrate_bridge(config.lease_dsn)
-    client = await connect(config)
+    if os.environ.get("BRIDGE_MIGRATE_AT_START", "1") != "0":
+        # a least-privilege role cannot migrate: docker/ migrates in airflow-init and sets 0
+        migrate_bridge(config.lease_dsn)
+    codec = codec_from_env()
+    warn_if_unencrypted(codec)
+    client = await connect(config, codec=codec)
     store = LeaseStore(config.lease_dsn)
     catalog = TaskCatalog(config.dags_folder)
     catalog.load()  # on the main thread (see TaskCatalog.load)

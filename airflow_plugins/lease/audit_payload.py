@@ -1,6 +1,6 @@
 """What an audit row may hold of a task's input or output: masked, and bounded in size.
 
-Secrets are masked by key name (password, token, api_key, ...) and inside connection strings;
+Secrets are masked by ``masking`` (key names, connection strings, credentials in text);
 a payload over the limit is replaced by its size, digest and a short preview, so the audit never
 holds a secret in clear and never grows without bound.
 """
@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
+from airflow_plugins.lease import masking
 from airflow_plugins.lease.errors import InvalidLeaseInput
 
-MASK = "***"
+MASK = masking.MASK
 DEFAULT_MAX_BYTES = 16 * 1024
 _PREVIEW_CHARS = 512
-
-_SECRET_KEY = re.compile(
-    r"pass(word|wd|phrase)?|secret|api[_-]?key|auth|credential|private[_-]?key|"
-    r"access[_-]?key|(access|refresh|session|bearer|id)[_-]?token|^token$|cookie|signature",
-    re.IGNORECASE,
-)
-# scheme://user:password@host  ->  scheme://user:***@host
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@", re.IGNORECASE)
-# key=value pairs in libpq-style DSNs: password=...
-_DSN_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 
 
 def to_json_value(value: Any, *, what: str) -> Any:
@@ -42,18 +32,8 @@ def to_json_value(value: Any, *, what: str) -> Any:
 
 
 def mask(value: Any) -> Any:
-    """Returns a copy of ``value`` with secrets masked (by key name and inside URLs/DSNs)."""
-    if isinstance(value, dict):
-        return {
-            k: (MASK if isinstance(k, str) and _SECRET_KEY.search(k) else mask(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [mask(v) for v in value]
-    if isinstance(value, str):
-        value = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", value)
-        return _DSN_PASSWORD.sub(lambda m: m.group("head") + MASK, value)
-    return value
+    """Returns a copy of ``value`` with secrets masked (see ``airflow_plugins.lease.masking``)."""
+    return masking.mask(value)
 
 
 def for_audit(value: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:

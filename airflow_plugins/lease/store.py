@@ -32,6 +32,7 @@ from airflow_plugins.lease.agent_client import AgentClient
 from airflow_plugins.lease.connections import DEFAULT_CALL_TIMEOUT, StoreConnections
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost
 from airflow_plugins.lease.holder import Holder
+from airflow_plugins.lease.masking import mask_text
 from airflow_plugins.lease.queries import query
 
 MAX_KEY_CHARS = 512
@@ -446,7 +447,8 @@ class LeaseStore:
         Raises:
             LeaseLost: the caller no longer holds the lease.
         """
-        self._finish(lease, "failed", result=None, output=None, error=error[:2000])
+        # an exception's text can carry a DSN or a token: the lease row and the audit get it masked
+        self._finish(lease, "failed", result=None, output=None, error=mask_text(error)[:2000])
 
     def release(self, lease: Lease, reason: str = "released by holder") -> None:
         """Gives the lease up without a result (the work stopped): the next acquire is granted.
@@ -454,7 +456,7 @@ class LeaseStore:
         Raises:
             LeaseLost: the caller no longer holds the lease.
         """
-        self._finish(lease, "released", result=None, output=None, error=reason[:2000])
+        self._finish(lease, "released", result=None, output=None, error=mask_text(reason)[:2000])
 
     def _finish(
         self,
@@ -580,6 +582,7 @@ class LeaseStore:
         actor, reason = str(params.get("actor") or ""), str(params.get("reason") or "")
         if not actor.strip() or not reason.strip():
             raise InvalidLeaseInput("an administrative change needs an actor and a reason")
+        params["reason"] = mask_text(reason)
         try:
             return self._rows(name, params)
         except psycopg.errors.ObjectInUse as exc:
@@ -617,7 +620,7 @@ class LeaseStore:
                 "duration_ms": duration_ms,
                 "outcome": outcome,
                 "actor": actor,
-                "reason": reason,
+                "reason": None if reason is None else mask_text(reason),
             },
         )
 

@@ -4,17 +4,21 @@
 ``/exactly-once``. Every route depends on Airflow's authentication (401 without it); changes
 (force-release, approve a re-run, change a cutover mode) need an administrator (403 otherwise),
 and each is made through the lease store's or the bridge's audited functions with the user as
-actor and a reason.
+actor and a reason. Every page shows only the DAGs the user may read, reads a bounded number
+of rows, and refuses what is out of range with a 4xx; an error never shows the store's own
+message (its host, port and user), which is logged for the operator instead.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
+import psycopg
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -25,7 +29,15 @@ from airflow_plugins.views import access, pages
 from airflow_plugins.views.audit_answer import describe_holder
 from airflow_plugins.views.pages import DagSource
 
+log = logging.getLogger(__name__)
 MAX_ROWS = 500
+MAX_AUDIT_ROWS = 2000
+MAX_DAYS = 400
+# a business period starts with its year: 2024, 2024-Q1, 2024-W07, 2024-02-15, 2024-02-15T03
+PERIOD = r"^[0-9]{4}[0-9A-Za-z:+\-]*$"
+# the range of moments a page accepts: far enough from datetime's ends that no step overflows
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 @functools.cache
@@ -89,6 +101,7 @@ def create_app(
     app.state.lease_store = functools.cache(store or _default_store)
     app.state.watched_dags = dags or _default_dags
     app.add_exception_handler(LeaseStoreUnavailable, _unavailable)
+    app.add_exception_handler(psycopg.Error, _unavailable)
     app.include_router(router)
     return app
 
@@ -104,7 +117,12 @@ def _dags(request: Request) -> DagSource:
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
-    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+    # the store's message names its host, port and user: for the operator's log, not the page
+    log.error("lease store error on %s: %s", request.url.path, exc)
+    return JSONResponse(
+        {"detail": "the lease store is unavailable; try again later (details in the log)"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
 
 
 def render(request: Request, name: str, user: Any, **context: Any) -> HTMLResponse:
@@ -153,6 +171,7 @@ def leases(
         taken_over_only=taken_over,
         hours=hours,
         limit=limit,
+        dags=access.readable_dags(user),
     )
     filters = {
         "prefix": prefix or "",
@@ -170,11 +189,12 @@ def audit(
     request: Request,
     user: GetUserDep,
     dag_id: Annotated[str | None, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]*$")] = None,
-    business_date: Annotated[str | None, Query(max_length=40)] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 2000,
+    business_date: Annotated[str | None, Query(max_length=40, pattern=f"{PERIOD}|^$")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_ROWS)] = 500,
 ) -> HTMLResponse:
     result = chart = None
     if dag_id and business_date:
+        access.require_read(user, dag_id)
         result, chart = pages.audit_page(_store(request), dag_id, business_date, limit)
     return render(
         request,
@@ -192,12 +212,16 @@ def audit_json(
     request: Request,
     user: GetUserDep,
     dag_id: Annotated[str, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]+$")],
-    business_date: Annotated[str, Query(max_length=40)],
+    business_date: Annotated[str, Query(max_length=40, pattern=PERIOD)],
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_ROWS)] = MAX_AUDIT_ROWS,
 ) -> dict[str, Any]:
-    result, _ = pages.audit_page(_store(request), dag_id, business_date, 10_000)
+    access.require_read(user, dag_id)
+    result, _ = pages.audit_page(_store(request), dag_id, business_date, limit)
     return {
         "dag_id": dag_id,
         "business_date": business_date,
+        # more audit rows than the limit: narrow the period (2024-02-15T03) or raise the limit
+        "truncated": sum(len(k.rows) for k in result.keys) + len(result.run_events) >= limit,
         "verdict": result.verdict.value,
         "keys": [
             {
@@ -225,15 +249,24 @@ def runs(
     request: Request,
     user: GetUserDep,
     dag_id: Annotated[str | None, Query(max_length=250)] = None,
-    since: str | None = None,
-    until: str | None = None,
+    since: Annotated[str | None, Query(max_length=40)] = None,
+    until: Annotated[str | None, Query(max_length=40)] = None,
 ) -> HTMLResponse:
     end = _moment(until) if until else datetime.now(UTC)
     start = _moment(since) if since else end - timedelta(days=1)
-    if end - start > timedelta(days=400):
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, "at most 400 days at a time")
+    if end < start:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "since must be before until")
+    if end - start > timedelta(days=MAX_DAYS):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"at most {MAX_DAYS} days at a time")
+    if dag_id:
+        access.require_read(user, dag_id)
     data = pages.runs_page(
-        _store(request), _dags(request), dag_id=dag_id or None, since=start, until=end
+        _store(request),
+        _dags(request),
+        dag_id=dag_id or None,
+        since=start,
+        until=end,
+        readable_dags=access.readable_dags(user),
     )
     return render(
         request,
@@ -243,6 +276,7 @@ def runs(
         dag_id=dag_id or "",
         since=start.strftime("%Y-%m-%dT%H:%M"),
         until=end.strftime("%Y-%m-%dT%H:%M"),
+        more_since=data.more_since.isoformat() if data.more_since else "",
     )
 
 
@@ -254,7 +288,11 @@ def migration(
     message: str | None = None,
 ) -> HTMLResponse:
     dags_, modes = pages.migration_page(
-        _store(request), _dags(request), ready_after=_ready_after(), days=days
+        _store(request),
+        _dags(request),
+        ready_after=_ready_after(),
+        days=days,
+        readable_dags=access.readable_dags(user),
     )
     return render(request, "migration.html", user, dags=dags_, modes=modes, message=message)
 
@@ -335,8 +373,15 @@ def _back(request: Request, page: str, message: str) -> RedirectResponse:
 
 
 def _moment(text: str) -> datetime:
+    """A moment of a query parameter, between ``EARLIEST`` and ``LATEST`` (400 otherwise)."""
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"not a date/time: {text!r}") from exc
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        if not EARLIEST <= moment <= LATEST:
+            raise ValueError("out of range")
+    except (ValueError, OverflowError) as exc:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            f"not a date/time between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}: {text[:40]!r}",
+        ) from exc
+    return moment

@@ -1,27 +1,35 @@
 """What each page shows, read from the lease store (and the bridge's tables), as plain data.
 
 No HTTP here: ``app`` turns these into pages. Every read is a named query of ``sql/queries.sql``
-or a public read of the lease store or the bridge.
+or a public read of the lease store or the bridge. What a row holds of a task's payloads (a
+lease's result and error, an audit row's input, output and reason) is masked here, for every
+page: the lease store keeps the result itself faithful, since later runs are handed it back.
+Each page reads at most a bounded number of rows (``MAX_RUNS`` runs for the run pages), and
+only of the DAGs the user may read (``dags``: None for all).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from airflow_plugins import sla
-from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease import LeaseStore, masking
 from airflow_plugins.views import charts
 from airflow_plugins.views.audit_answer import RunAnswer, answer
 from airflow_plugins.views.queries import query
-from airflow_plugins.watcher.gaps import RunReport, RunStatus, WatchedDag
-from airflow_plugins.watcher.reads import evaluate
+from airflow_plugins.watcher.gaps import RunReport, RunStatus, WatchedDag, expected_runs, judge
+from airflow_plugins.watcher.reads import dag_leases
 
 DagSource = Callable[[datetime], list[WatchedDag]]
+Readable = Collection[str] | None
+MAX_RUNS = 2000
+PAYLOAD_COLUMNS = ("result", "error", "reason", "input", "output", "detail", "differences")
 OUTCOME_CSS = {
     "granted": "s-ok",
     "taken_over": "s-warn",
@@ -31,9 +39,21 @@ OUTCOME_CSS = {
 }
 
 
+def shown(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` as a page shows it: its payload columns masked."""
+    return {k: masking.mask(v) if k in PAYLOAD_COLUMNS else v for k, v in row.items()}
+
+
 def _rows(store: LeaseStore, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    if "dags" in params and params["dags"] is not None:
+        params = {**params, "dags": sorted(params["dags"])}
     with store.connection() as conn:
-        return conn.execute(query(name), params).fetchall()
+        return [shown(row) for row in conn.execute(query(name), params).fetchall()]
+
+
+def readable(dags: Readable, dag_id: str) -> bool:
+    """Whether ``dag_id`` is among the readable DAGs (None: all are)."""
+    return dags is None or dag_id in dags
 
 
 @dataclasses.dataclass
@@ -57,25 +77,39 @@ def leases_page(
     taken_over_only: bool,
     hours: int,
     limit: int,
+    dags: Readable = None,
 ) -> LeasesPage:
     """Reads the leases page's data (filters as on the page)."""
-    live = _rows(store, "live_leases", {"prefix": prefix, "limit": limit})
-    listed = store.list_leases(
-        prefix=prefix,
-        state=state,
-        expired_only=expired_only,
-        taken_over_only=taken_over_only,
-        limit=limit,
+    live = _rows(store, "live_leases", {"prefix": prefix, "limit": limit, "dags": dags})
+    listed = _rows(
+        store,
+        "listed_leases",
+        {
+            "prefix": prefix,
+            "state": state,
+            "expired_only": expired_only,
+            "taken_over_only": taken_over_only,
+            "limit": limit,
+            "dags": dags,
+        },
     )
     counts = {
         r["state"]: {"n": r["n"], "taken_over": r["taken_over"], "expired": r["expired"]}
-        for r in _rows(store, "lease_counts", {"prefix": prefix})
+        for r in _rows(store, "lease_counts", {"prefix": prefix, "dags": dags})
     }
-    outcome_rows = _rows(store, "acquire_outcomes_by_hour", {"hours": hours, "prefix": prefix})
+    outcome_rows = _rows(
+        store, "acquire_outcomes_by_hour", {"hours": hours, "prefix": prefix, "dags": dags}
+    )
     takeovers = _rows(
         store,
         "recent_outcomes",
-        {"hours": hours, "outcomes": ["taken_over"], "prefix": prefix, "limit": limit},
+        {
+            "hours": hours,
+            "outcomes": ["taken_over"],
+            "prefix": prefix,
+            "limit": limit,
+            "dags": dags,
+        },
     )
     blocked = _rows(
         store,
@@ -85,6 +119,7 @@ def leases_page(
             "outcomes": ["held", "succeeded", "refused"],
             "prefix": prefix,
             "limit": limit,
+            "dags": dags,
         },
     )
     return LeasesPage(live, listed, counts, takeovers, blocked, _outcome_chart(outcome_rows, hours))
@@ -154,27 +189,63 @@ def _row_label(key: str, token: int | None) -> str:
 
 @dataclasses.dataclass
 class RunsPage:
-    """Late and missed runs over a period and the schedule-lag SLA."""
+    """Late and missed runs over a period and the schedule-lag SLA.
+
+    ``more_since`` is set when the period held more than ``MAX_RUNS`` runs: the page shows the
+    first ones, and the next page starts at that scheduled time.
+    """
 
     reports: list[RunReport]
     gaps: list[RunReport]
     summary: sla.LagSummary
     lag_chart: str
     dags: list[str]
+    more_since: datetime | None = None
+
+
+def judged_runs(
+    conn: Any, dag: WatchedDag, since: datetime, until: datetime, now: datetime, budget: int
+) -> tuple[list[RunReport], datetime | None]:
+    """The first ``budget`` runs of ``dag`` in ``[since, until]``, judged, and where more start.
+
+    The schedule is read lazily, so a minutely DAG over a year costs ``budget`` runs, not 500k.
+    """
+    runs = list(itertools.islice(expected_runs(dag, since, until), budget + 1))
+    more = runs[budget].scheduled_at if len(runs) > budget else None
+    runs = runs[:budget]
+    return judge(dag, runs, dag_leases(conn, dag.dag_id, runs), now), more
 
 
 def runs_page(
-    store: LeaseStore, dags: DagSource, *, dag_id: str | None, since: datetime, until: datetime
+    store: LeaseStore,
+    dags: DagSource,
+    *,
+    dag_id: str | None,
+    since: datetime,
+    until: datetime,
+    readable_dags: Readable = None,
+    max_runs: int = MAX_RUNS,
 ) -> RunsPage:
-    """Judges every watched DAG (or one) over ``[since, until]``."""
+    """Judges every watched DAG the user may read (or one) over ``[since, until]``.
+
+    At most ``max_runs`` runs in all; past them the page says where the next one starts.
+    """
     now = datetime.now(UTC)
-    watched = dags(now)
+    watched = [d for d in dags(now) if readable(readable_dags, d.dag_id)]
     reports: list[RunReport] = []
+    more: datetime | None = None
     with store.connection() as conn:
-        for dag in watched:
+        for dag in sorted(watched, key=lambda d: d.dag_id):
             if dag_id and dag.dag_id != dag_id:
                 continue
-            reports.extend(evaluate(conn, dag, since, until, now))
+            budget = max_runs - len(reports)
+            if budget <= 0:
+                more = since
+                break
+            judged, later = judged_runs(conn, dag, since, until, now, budget)
+            reports.extend(judged)
+            if later is not None:
+                more = later if more is None else min(more, later)
     reports.sort(key=lambda r: r.run.scheduled_at)
     return RunsPage(
         reports=reports,
@@ -184,6 +255,7 @@ def runs_page(
         ),
         lag_chart=lag_chart(reports),
         dags=sorted(d.dag_id for d in watched),
+        more_since=more,
     )
 
 
@@ -234,9 +306,16 @@ class DagMigration:
 
 
 def migration_page(
-    store: LeaseStore, dags: DagSource, *, ready_after: int, days: int
+    store: LeaseStore,
+    dags: DagSource,
+    *,
+    ready_after: int,
+    days: int,
+    readable_dags: Readable = None,
+    max_runs: int = MAX_RUNS,
 ) -> tuple[list[DagMigration], list[str]]:
-    """Every DAG with a cutover mode (and every watched DAG), with its comparisons.
+    """Every DAG with a cutover mode (and every watched DAG) the user may read, with its
+    comparisons (each DAG's lag chart over at most ``max_runs`` runs).
 
     Returns the DAGs and the valid mode names.
     """
@@ -251,12 +330,15 @@ def migration_page(
     watched = {d.dag_id: d for d in dags(now)}
     result = []
     for dag_id in sorted(set(modes) | set(watched)):
+        if not readable(readable_dags, dag_id):
+            continue
         row = modes.get(dag_id, {})
-        compared = recent(store, dag_id, 60) if modes else []
+        compared = [shown(c) for c in recent(store, dag_id, 60)] if modes else []
         lags: list[RunReport] = []
         if dag_id in watched:
             with store.connection() as conn:
-                lags = evaluate(conn, watched[dag_id], now - timedelta(days=days), now, now)
+                since = now - timedelta(days=days)
+                lags, _ = judged_runs(conn, watched[dag_id], since, now, now, max_runs)
         last = compared[:ready_after]
         result.append(
             DagMigration(

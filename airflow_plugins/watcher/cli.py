@@ -48,7 +48,9 @@ def _run(_: argparse.Namespace) -> int:
         )
         server = None
         if settings.health_port():
-            server = serve_health(watcher, poll, settings.health_port())
+            server = serve_health(
+                watcher, poll, settings.health_port(), host=settings.health_host()
+            )
         print(f"watcher: looking every {poll:.0f} s", flush=True)
         try:
             watcher.run_forever(poll, stop, settings.health_file())

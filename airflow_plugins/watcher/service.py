@@ -10,7 +10,9 @@ passes.
 
 Health: ``/health`` on the configured port answers 200 while looks succeed and 503 when the
 last good look is older than three poll intervals (the lease store or the metadata database is
-unreachable); the optional health file is touched after every good look.
+unreachable); the optional health file is touched after every good look. It is unauthenticated,
+so it listens on 127.0.0.1 unless told otherwise and says only ok or stale and when the last
+good look was: why a look failed (an error naming hosts and users) goes to the log only.
 """
 
 from __future__ import annotations
@@ -189,16 +191,17 @@ class Watcher:
         body = {
             "status": "ok" if fresh else "stale",
             "last_ok": self.last_ok.isoformat() if self.last_ok else None,
-            "last_error": self.last_error,
-            "reported_missed": len(self._reported),
         }
         return (200 if fresh else 503), body
 
 
 def serve_health(
-    watcher: Watcher, poll: float, port: int, host: str = "0.0.0.0"
+    watcher: Watcher, poll: float, port: int, host: str = "127.0.0.1"
 ) -> ThreadingHTTPServer:
-    """Starts the ``/health`` endpoint in a daemon thread; returns the server (to shut down)."""
+    """Starts the ``/health`` endpoint in a daemon thread; returns the server (to shut down).
+
+    ``host`` is where it listens: the loopback by default, since anyone reaching it may ask.
+    """
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -16,6 +16,7 @@ watcher_poll_seconds           30           how often the watcher looks
 watcher_lookback_hours         48           how far back each look goes
 watcher_callback               (empty)      ``module:function`` called with each new missed run
 watcher_health_port            8790         the watcher's ``/health`` endpoint (0: off)
+watcher_health_host            127.0.0.1    where it listens (``0.0.0.0``: every interface)
 watcher_health_file            (empty)      a file the watcher touches after every good look
 =============================  ===========  ==================================================
 """
@@ -73,6 +74,11 @@ def callback_path() -> str:
 def health_port() -> int:
     """The port of the watcher's health endpoint (0 turns it off)."""
     return int(_get("watcher_health_port", "8790"))
+
+
+def health_host() -> str:
+    """Where the health endpoint listens (the loopback unless told otherwise)."""
+    return _get("watcher_health_host", "127.0.0.1").strip() or "127.0.0.1"
 
 
 def health_file() -> str:

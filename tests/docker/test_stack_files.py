@@ -102,9 +102,9 @@ def test_temporal_has_its_own_persistence(compose: dict[str, Any]) -> None:
     assert "start-dev" not in " ".join(_command(temporal))
     assert temporal["environment"]["DB"].startswith("postgres")
     assert temporal["environment"]["DBNAME"] == "temporal"
-    init = (DOCKER / "postgres-init.sql").read_text()
+    init = (DOCKER / "postgres-init.sh").read_text()
     for database in ("airflow", "leases", "billing", "temporal", "temporal_visibility"):
-        assert f"CREATE DATABASE {database};" in init
+        assert f"CREATE DATABASE {database} OWNER" in init
     assert "ALTER DATABASE airflow SET idle_in_transaction_session_timeout" in init
 
 

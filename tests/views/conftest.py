@@ -2,7 +2,9 @@
 
 One server per test session (it takes tens of seconds to migrate and start on a small machine).
 Users come from Airflow's SimpleAuthManager: ``admin`` (admin role) and ``viewer`` (viewer role),
-so the tests log in exactly as a person does. The plugin is loaded from a plugins folder that
+so the tests log in exactly as a person does; ``restricted`` (viewer) may read one DAG only,
+through a SimpleAuthManager subclass with per-DAG grants (tests/views/grants.py). The plugin
+is loaded from a plugins folder that
 imports ``airflow_plugins.plugin`` (the entry point loads the same class when installed; Airflow
 registers a plugin name once).
 """
@@ -37,7 +39,11 @@ with warnings.catch_warnings():
 
 VENV_BIN = Path(sys.executable).parent
 API_PORT = 29_180
-USERS = {"admin": ("admin", "admin-pw-1"), "viewer": ("viewer", "viewer-pw-1")}
+USERS = {
+    "admin": ("admin", "admin-pw-1"),
+    "viewer": ("viewer", "viewer-pw-1"),
+    "restricted": ("restricted", "restricted-pw-1"),
+}
 OPTED_IN_DAG = textwrap.dedent(
     """
     from datetime import datetime
@@ -137,7 +143,9 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
         "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer,restricted:viewer",
+        # per-DAG grants: 'restricted' may read compliance_minutely only (tests/views/grants.py)
+        "AIRFLOW__CORE__AUTH_MANAGER": "tests.views.grants.GrantingAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
             f"postgresql+psycopg2://{meta.get('user', 'postgres')}@{meta.get('host', '127.0.0.1')}:"

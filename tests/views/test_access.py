@@ -73,7 +73,7 @@ def test_every_endpoint_refuses_an_unauthenticated_request(
 
 
 def _auth(api: AirflowApi, user: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api.token(user)}", "Origin": api.url.split("://")[1]}
+    return {"Authorization": f"Bearer {api.token(user)}", "Origin": api.url}
 
 
 def _mode(api: AirflowApi, dag_id: str) -> str:
@@ -140,3 +140,43 @@ def test_a_change_posted_from_another_site_is_refused(airflow_api: AirflowApi) -
         )
     assert answer.status_code == 403
     assert _mode(airflow_api, "cross_site") == "airflow"
+
+
+def test_a_viewer_restricted_to_one_dag_sees_only_that_dag(airflow_api: AirflowApi) -> None:
+    from bridge.cutover import ModeStore
+
+    day = "2031-05-04"
+    with LeaseStore(airflow_api.lease_dsn) as store:
+        holder = Holder.process("grants-test")
+        for dag_id in ("compliance_minutely", "hidden_billing"):
+            lease = store.acquire(f"{dag_id}/charge/{day}", holder, ttl=600).lease
+            store.complete(lease, {"dag": dag_id})
+        ModeStore(store).set("hidden_billing", "shadow", actor="grants-test", reason="seed")
+    restricted = {"Authorization": f"Bearer {airflow_api.token('restricted')}"}
+    viewer = {"Authorization": f"Bearer {airflow_api.token('viewer')}"}
+    with httpx.Client(timeout=60) as client:
+
+        def get(path: str, headers: dict[str, str], **params: str) -> httpx.Response:
+            return client.get(f"{airflow_api.url}{PREFIX}{path}", params=params, headers=headers)
+
+        # the unrestricted viewer sees both DAGs: the seed is there to be hidden
+        assert "hidden_billing/charge" in get("/leases", viewer).text
+        assert "hidden_billing" in get("/migration", viewer).text
+
+        leases = get("/leases", restricted)
+        assert leases.status_code == 200
+        assert f"compliance_minutely/charge/{day}" in leases.text
+        assert "hidden_billing" not in leases.text
+        assert "hidden_billing" not in get("/migration", restricted).text
+        assert "hidden_billing" not in get("/runs", restricted).text
+        mine = get("/api/audit", restricted, dag_id="compliance_minutely", business_date=day)
+        assert mine.status_code == 200
+        assert [k["key"] for k in mine.json()["keys"]] == [f"compliance_minutely/charge/{day}"]
+        for path, params in (
+            ("/api/audit", {"dag_id": "hidden_billing", "business_date": day}),
+            ("/audit", {"dag_id": "hidden_billing", "business_date": day}),
+            ("/runs", {"dag_id": "hidden_billing"}),
+        ):
+            answer = get(path, restricted, **params)
+            assert answer.status_code == 403, (path, answer.text[:300])
+            assert "hidden_billing/charge" not in answer.text

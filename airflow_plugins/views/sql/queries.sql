@@ -1,5 +1,7 @@
 -- Named queries of the views, loaded once by airflow_plugins.views.queries. Read-only: every
--- change goes through the lease store's audited functions. Every parameter is bound.
+-- change goes through the lease store's audited functions. Every parameter is bound. Every
+-- query is bounded by a LIMIT; those over several DAGs take %(dags)s, the DAG ids the user may
+-- read (NULL: all); the one-DAG queries run after the page checked the user may read it.
 
 -- name: live_leases
 -- Running leases, soonest expiry first (the lease_running index finds them; they are few).
@@ -9,6 +11,7 @@ SELECT key, state, token, holder, attempt, business_date, acquired_at, expires_a
 FROM runlease.lease
 WHERE state = 'running'
   AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
 ORDER BY expires_at
 LIMIT %(limit)s;
 
@@ -17,6 +20,7 @@ SELECT state, count(*) AS n, count(*) FILTER (WHERE takeovers > 0) AS taken_over
        count(*) FILTER (WHERE state = 'running' AND expires_at < now()) AS expired
 FROM runlease.lease
 WHERE (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
 GROUP BY state;
 
 -- name: acquire_outcomes_by_hour
@@ -28,6 +32,7 @@ FROM runlease.audit
 WHERE at >= now() - make_interval(hours => %(hours)s)
   AND event = 'acquire'
   AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
 GROUP BY 1, 2
 ORDER BY 1;
 
@@ -39,6 +44,7 @@ WHERE at >= now() - make_interval(hours => %(hours)s)
   AND event = 'acquire'
   AND outcome = ANY(%(outcomes)s::text[])
   AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
 ORDER BY at DESC
 LIMIT %(limit)s;
 
@@ -61,4 +67,19 @@ FROM runlease.lease
 WHERE split_part(key, '/', 1) = %(dag_id)s
   AND split_part(key, '/', 3) COLLATE "C" >= %(period_from)s
   AND split_part(key, '/', 3) COLLATE "C" < %(period_to)s
-ORDER BY key;
+ORDER BY key
+LIMIT %(limit)s;
+
+-- name: listed_leases
+-- The leases table of the page: runlease's list_leases, limited to the DAGs the user may read.
+SELECT key, state, token, holder, attempt, business_date, acquired_at, expires_at,
+       renewed_at, finished_at, result, error, takeovers, rerun_approved,
+       (state = 'running' AND expires_at < now()) AS expired
+FROM runlease.lease
+WHERE (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (NOT %(expired_only)s::boolean OR (state = 'running' AND expires_at < now()))
+  AND (NOT %(taken_over_only)s::boolean OR takeovers > 0)
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
+ORDER BY acquired_at DESC
+LIMIT %(limit)s;
