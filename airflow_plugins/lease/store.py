@@ -292,6 +292,7 @@ class LeaseStore:
             "result": "null",
             "output": "null",
             "error": "",
+            "holder": "{}",
         }
         return self._connections.warm([(query("finish"), nothing)])
 
@@ -439,6 +440,7 @@ class LeaseStore:
                 "result": result,
                 "output": output,
                 "error": error,
+                "holder": lease.holder.json_text,
             },
         )
         if not rows:
