@@ -11,7 +11,6 @@ from tests.lease.waiting import wait_for
 KEY = "billing_nightly/charge/2024-02-15"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 #15: a keeper cannot be told its engine gave up")
 def test_an_abandoned_keeper_stops_renewing_and_the_retry_takes_over(store: LeaseStore) -> None:
     old = Holder.temporal(workflow_id="wf", workflow_run_id="r1", activity_id="charge", attempt=1)
     retry = Holder.temporal(workflow_id="wf", workflow_run_id="r1", activity_id="charge", attempt=2)
