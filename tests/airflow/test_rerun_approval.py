@@ -20,7 +20,6 @@ def _events(lease: str) -> list[tuple[str, str, str | None]]:
         return [(h["event"], h["outcome"], h["actor"]) for h in store.history(KEY)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 #13: the run conf approves a re-run by itself")
 def test_a_conf_rerun_without_a_recorded_approval_is_refused_and_audited(
     plugin_env: dict[str, str],
 ) -> None:
