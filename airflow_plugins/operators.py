@@ -32,7 +32,8 @@ API (for DAG authors, the example DAGs and the bridge)::
   exponential backoff); store down -> deferred on ``LeaseStoreReachableTrigger`` (no retry used).
 * ``on_kill`` stops the body: ``fence.stop`` (``fence.check()`` raises ``FenceStopped``), keeper
   stopped, lease released.
-* Sanctioned re-run: conf ``{"exactly_once_rerun": {"reason": "..."}}`` (needs a triggering user).
+* Sanctioned re-run: approved by an administrator (leases page or ``runlease override``); the
+  conf ``{"exactly_once_rerun": {"reason": "..."}}`` alone is refused, audited.
 * Routing: ``airflow_plugins.routing.current_router().route(run)`` decides per try whether the
   work runs here or a ``Handover`` (the bridge) runs it; handovers resume via
   ``resume_handover``.

@@ -18,13 +18,16 @@ wraps, so they decide outcomes the same way:
 * the lease store is unreachable: the task defers on ``LeaseStoreReachableTrigger`` and acquires
   again when it answers; no retry is used up and the body never runs without a lease.
 
-A sanctioned re-run of a succeeded business date: the run's conf
-``{"exactly_once_rerun": {"reason": "..."}}`` approves one more run of each protected key of
-that DAG run through ``LeaseStore.approve_rerun``, with the run's triggering user as the actor,
-audited. Backfills map onto it the same way: ``reprocess_behavior="completed"`` alone re-creates
-the DAG runs, whose protected tasks then return the recorded results without re-doing the
-effects; a backfill whose ``dag_run_conf`` carries ``exactly_once_rerun`` re-does them, once per
-business date, audited under the user who started the backfill.
+A sanctioned re-run of a succeeded business date is approved by an administrator where the
+permission can be checked: the pages' approve action (Op/Admin) or ``runlease override``,
+each audited under its actor. A task process cannot ask Airflow's auth manager, and anyone who
+may trigger the DAG (the plain User role) can write a run conf, so the conf
+``{"exactly_once_rerun": {"reason": "..."}}`` approves nothing by itself: it says the run means
+to re-do a succeeded date, and the try fails (without retrying, audited ``rerun_request`` /
+``refused`` under the triggering user) unless such an approval is recorded on the key; with
+one, the key is granted once more. Backfills map onto it the same way: ``reprocess_behavior=
+"completed"`` alone re-creates the DAG runs, whose protected tasks then return the recorded
+results; to re-do the effects, approve each date's keys first.
 """
 
 from __future__ import annotations
@@ -170,12 +173,13 @@ def resolve_target(context: Mapping[str, Any], protection: Protection) -> TaskTa
 
 
 def approve_rerun_if_asked(store: LeaseStore, target: TaskTarget) -> bool:
-    """Applies the run conf's ``exactly_once_rerun`` to this key, once per DAG run.
+    """Checks the run conf's ``exactly_once_rerun`` against the approvals recorded on the key.
 
-    Returns whether a re-run was approved now.
+    Returns whether the key is approved for a re-run now (the acquire will grant it).
 
     Raises:
-        AirflowFailException: the request has no reason or the run no triggering user.
+        AirflowFailException: the request has no reason or the run no triggering user, or the
+            key succeeded and no administrator approved a re-run of it (audited as refused).
         LeaseStoreUnavailable: the store did not answer.
     """
     if RERUN_CONF_KEY not in target.conf:
@@ -188,26 +192,27 @@ def approve_rerun_if_asked(store: LeaseStore, target: TaskTarget) -> bool:
         raise _fail_task(f"exactly-once: {RERUN_CONF_KEY} needs a run triggered by a user")
     key = str(target.key)
     row = store.get(key)
-    if row is None or row["state"] != "succeeded" or row["rerun_approved"]:
-        return False
-    run_id = target.holder.run_id
-    if (row.get("holder") or {}).get("run_id") == run_id:
-        return False  # this DAG run already did the re-run
-    marker = f"[dag run {run_id}]"
-    if any(
-        h["event"] == "approve_rerun" and marker in (h["reason"] or "") for h in store.history(key)
-    ):
-        return False  # approved for this run once already (and used by it or another)
-    try:
-        store.approve_rerun(
-            key,
-            actor=target.triggering_user,
-            reason=f"{reason.strip()} {marker}",
-            business_date=target.first_day,
-        )
-    except InvalidLeaseInput:
-        return False  # running again meanwhile: nothing to approve
-    return True
+    if row is None or row["state"] != "succeeded":
+        return False  # nothing to re-run: the acquire decides as for any try
+    if row["rerun_approved"]:
+        return True
+    if (row.get("holder") or {}).get("run_id") == target.holder.run_id:
+        return False  # this DAG run did the re-run already: its retries get its result
+    store.record_event(
+        key,
+        "rerun_request",
+        outcome="refused",
+        holder=target.holder,
+        business_date=target.first_day,
+        actor=target.triggering_user,
+        reason=f"{reason.strip()} [dag run {target.holder.run_id}]: no approval recorded",
+    )
+    raise _fail_task(
+        f"exactly-once: {RERUN_CONF_KEY} asks to re-run {key}, which succeeded, and the re-run "
+        "is not approved: the run conf approves nothing by itself. An administrator (Op or "
+        "Admin) approves it on the Exactly-once leases page or with `runlease override KEY "
+        "--reason ...`; then clear this task"
+    )
 
 
 def _audit_input(target: TaskTarget, extra: Any) -> dict[str, Any]:

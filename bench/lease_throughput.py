@@ -149,6 +149,7 @@ def _lease_sql(dsn: str, client: int, run: str) -> Callable[[int], int]:
                     "result": Jsonb({"charged": i}),
                     "output": Jsonb({"charged": i}),
                     "error": None,
+                    "holder": holder,
                 },
             ).fetchone()
         return 1

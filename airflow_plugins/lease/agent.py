@@ -11,10 +11,15 @@ warm connections with prepared statements.
 It relays, it does not decide: each request is one of the store's own statements
 (``wire.AGENT_QUERIES``), run as the try would have run it, in its own transaction, so the
 database still decides every outcome under the lease row's lock, and fencing does not depend on
-the agent. A try that cannot reach the agent connects itself; a request the agent cannot answer
-is a store outage to the try (it defers), exactly as a dropped connection of its own would be.
+the agent. Nor does it widen what a try may do: every request's parameters are held to the
+bounds the store's Python API applies, and a holder named in a request must be the process
+asking (``agent_checks``); a request is refused otherwise, and one that is not whole within
+``CLIENT_TIMEOUT`` is dropped. A try that cannot reach the agent connects itself; a request
+the agent cannot answer is a store outage to the try (it defers), exactly as a dropped
+connection of its own would be.
 
     runlease agent --socket /run/runlease/agent.sock [--dsn ...] [--workers 8] [--no-prepare]
+                   [--horizon-days 400]
 
 Each of ``workers`` threads accepts requests on the socket and runs them on a connection of its
 own (made when first needed, checked with an empty statement after ``IDLE_CHECK`` seconds
@@ -39,16 +44,17 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from airflow_plugins.lease import wire
+from airflow_plugins.lease import agent_checks, wire
 from airflow_plugins.lease.connection_bounds import bounded_params
 from airflow_plugins.lease.connections import unreachable
 from airflow_plugins.lease.queries import query
+from airflow_plugins.lease.store import DEFAULT_HORIZON_DAYS
 
 log = logging.getLogger(__name__)
 
 # a worker's connection unused for this long is checked (an empty statement) before a request
 IDLE_CHECK = 10.0
-# a client that sends no whole request within this long is dropped (it holds a worker meanwhile)
+# a client that has not sent a whole request this long after it connected is dropped
 CLIENT_TIMEOUT = 10.0
 
 
@@ -65,6 +71,8 @@ class LeaseAgent:
         connect_timeout: seconds a worker waits for a new connection to the store before the
             request is answered ``unavailable``.
         mode: the socket file's permissions.
+        horizon_days: the widest retention horizon a request may ask for (the store's
+            ``horizon_days``; set it to ``[exactly_once] horizon_days``).
     """
 
     def __init__(
@@ -76,12 +84,14 @@ class LeaseAgent:
         prepare: bool = True,
         connect_timeout: float = 5.0,
         mode: int = 0o600,
+        horizon_days: int = DEFAULT_HORIZON_DAYS,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.identity = wire.store_identity(conninfo)
         self.socket_path = Path(socket_path)
         self.mode = mode
+        self.limits = agent_checks.Limits(horizon_days=horizon_days)
         self.workers = workers
         self.served = 0
         self.failed = 0
@@ -173,16 +183,17 @@ class LeaseAgent:
     def _serve(self, client: socket.socket) -> None:
         """Reads one request from ``client`` and sends its answer."""
         try:
-            client.settimeout(CLIENT_TIMEOUT)
-            line = wire.read_line(client)
+            peer = wire.peer_of(client)
+            line = wire.read_line(client, deadline=time.monotonic() + CLIENT_TIMEOUT)
             if line:
-                client.sendall(self._guarded_answer(line))
+                client.settimeout(CLIENT_TIMEOUT)
+                client.sendall(self._guarded_answer(line, peer))
         except OSError as exc:
             log.warning("runlease agent: a client went away: %s", exc)
 
-    def _guarded_answer(self, line: bytes) -> bytes:
+    def _guarded_answer(self, line: bytes, peer: wire.Peer | None = None) -> bytes:
         try:
-            return self._answer(line)
+            return self._answer(line, peer)
         except Exception as exc:  # a bug must not cost the agent a worker
             log.exception("runlease agent: a request failed")
             self._count(failed=True)
@@ -207,7 +218,7 @@ class LeaseAgent:
         if conn is not None:
             conn.close()
 
-    def _answer(self, line: bytes) -> bytes:
+    def _answer(self, line: bytes, peer: wire.Peer | None) -> bytes:
         try:
             body = json.loads(line)
             store, name = body["store"], body.get("query")
@@ -220,6 +231,13 @@ class LeaseAgent:
             params = wire.decode_params(body["params"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return wire.answer(refused=f"not a lease agent request: {exc}")
+        try:
+            params = agent_checks.checked(name, params, self.limits, peer)
+        except agent_checks.RequestRefused as exc:
+            log.warning(
+                "runlease agent: refused a %s from pid %s: %s", name, peer and peer.pid, exc
+            )
+            return wire.answer(refused=str(exc))
         try:
             conn = self._connection()
             with conn.cursor(row_factory=tuple_row) as cursor:

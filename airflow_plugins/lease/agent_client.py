@@ -7,6 +7,10 @@ connection of its own. Once the agent has the request, what it answers is final:
 that cannot reach Postgres, or that dies while the request is in flight, is a store outage
 (``LeaseStoreUnavailable``), as a dropped connection of the caller's own would be, because the
 statement may have run.
+
+Before it sends anything, the client asks the kernel who serves the socket (``SO_PEERCRED``):
+an agent running as another user than ``uid`` (default: this process's own) is not trusted
+with the request nor believed, and the client connects itself.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ class AgentClient:
         conninfo: the store this client means; an agent serving another one is not used.
         timeout: seconds to wait for an answer (the agent's own wait for a connection, plus
             the statement).
+        uid: the user the agent must run as (default: this process's own).
     """
 
-    def __init__(self, path: str, conninfo: str, *, timeout: float) -> None:
+    def __init__(self, path: str, conninfo: str, *, timeout: float, uid: int | None = None) -> None:
         self.path = path
+        self.uid = os.getuid() if uid is None else uid
         self.store = wire.store_identity(conninfo)
         self.timeout = timeout
         self.refused: str | None = None  # why this process stopped asking the agent
@@ -90,6 +96,8 @@ class AgentClient:
                 sock.connect(self.path)
             except OSError:
                 return None  # nobody listens: nothing was sent
+            if not self._trusted(sock):
+                return None
             try:
                 sock.sendall(line)
                 answer = wire.read_line(sock)
@@ -117,6 +125,27 @@ class AgentClient:
             )
             return None
         return body
+
+    def _trusted(self, sock: socket.socket) -> bool:
+        # asked of the kernel, before anything is sent: whoever serves the socket sees the request
+        try:
+            peer = wire.peer_of(sock)
+        except OSError as exc:
+            self.refused = f"the owner of the socket could not be checked: {exc}"
+        else:
+            if peer.uid == self.uid:
+                return True
+            self.refused = (
+                f"the process serving the socket (pid {peer.pid}) runs as uid {peer.uid}, "
+                f"not {self.uid}"
+            )
+        log.warning(
+            "exactly-once: not trusting the lease agent on %s (%s); this process connects to "
+            "the lease store itself",
+            self.path,
+            self.refused,
+        )
+        return False
 
 
 def _database_error(sqlstate: object, message: str) -> psycopg.Error:

@@ -7,6 +7,7 @@
     runlease override KEY --reason "..." [--business-date 2024-02-15]
     runlease maintain [--prune]
     runlease agent [--socket PATH] [--workers 8] [--no-prepare] [--mode 600] [--status]
+                   [--horizon-days 400]
 
 The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable
 (``agent`` also reads the plugin's ``[exactly_once]`` options when Airflow is installed).
@@ -88,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         "--mode", type=lambda text: int(text, 8), default=0o600, help="socket permissions (octal)"
     )
     ag.add_argument(
+        "--horizon-days",
+        type=int,
+        default=400,
+        help="widest retention horizon a request may ask for ([exactly_once] horizon_days)",
+    )
+    ag.add_argument(
         "--status",
         action="store_true",
         help="ask the agent on the socket instead: print its status; exit 1 if none answers",
@@ -124,7 +131,14 @@ def _agent(args: argparse.Namespace) -> int:
         status = AgentClient(path, dsn, timeout=10).status()
         print(json.dumps(status if status is not None else {"socket": path, "answers": False}))
         return 0 if status is not None else 1
-    return agent.run(dsn, path, workers=args.workers, prepare=args.prepare, mode=args.mode)
+    return agent.run(
+        dsn,
+        path,
+        workers=args.workers,
+        prepare=args.prepare,
+        mode=args.mode,
+        horizon_days=args.horizon_days,
+    )
 
 
 def _login() -> str:

@@ -126,6 +126,20 @@ class LeaseKeeper:
             with self._renewing:
                 pass
 
+    def abandon(self, reason: str) -> None:
+        """Gives the lease up because this holder's own engine gave it up: stops renewing and
+        declares the lease lost (``lost``, ``check()``, ``on_lost``), as if a renewal had failed.
+
+        For a holder that can tell it is no longer wanted while it can still reach the store,
+        e.g. a Temporal activity whose heartbeats fail: its engine schedules a retry elsewhere,
+        which is answered ``held`` for as long as this keeper renews. After ``abandon`` the
+        lease expires within its TTL and the retry takes over with a higher token; this
+        holder's fenced writes are refused from then on. The lease is not released: the work
+        may still be running, and expiry is what makes the takeover safe to detect.
+        """
+        self.stop()
+        self._declare_lost(reason)
+
     def __enter__(self) -> LeaseKeeper:
         return self.start()
 

@@ -316,6 +316,7 @@ class LeaseStore:
             "result": "null",
             "output": "null",
             "error": "",
+            "holder": "{}",
         }
         return self._connections.warm([(query("finish"), nothing)])
 
@@ -477,6 +478,7 @@ class LeaseStore:
                 "result": result,
                 "output": output,
                 "error": error,
+                "holder": lease.holder.json_text,
             },
         )
         if not rows:

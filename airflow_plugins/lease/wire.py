@@ -11,8 +11,11 @@ database refuses it, and the client then connects itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+import struct
+import time
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
@@ -21,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 # the statements of a protected try (queries.sql); nothing else is relayed
 AGENT_QUERIES = frozenset({"acquire", "acquire_decided", "acquire_batch", "renew", "finish"})
+_CREDENTIALS = struct.Struct("3i")
 # a request or answer longer than this is refused (a result is at most 1 MiB of JSON)
 MAX_LINE = 8 * 1024 * 1024
 
@@ -97,12 +101,26 @@ def decode_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): decode(v) for k, v in params.items()}
 
 
-def read_line(sock: socket.socket) -> bytes:
+def read_line(sock: socket.socket, *, deadline: float | None = None) -> bytes:
     """Reads up to and with the first newline; less when the peer closes first or the line
-    passes ``MAX_LINE`` (the caller sees no newline at the end then)."""
+    passes ``MAX_LINE`` (the caller sees no newline at the end then).
+
+    Args:
+        sock: the connection.
+        deadline: ``time.monotonic()`` by which the whole line must be in (not each chunk:
+            a peer sending a byte at a time is not waited for longer).
+
+    Raises:
+        TimeoutError: the deadline passed first.
+    """
     chunks: list[bytes] = []
     size = 0
     while True:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the whole line did not arrive in time")
+            sock.settimeout(remaining)
         chunk = sock.recv(65536)
         if not chunk:
             return b"".join(chunks)
@@ -110,3 +128,23 @@ def read_line(sock: socket.socket) -> bytes:
         size += len(chunk)
         if chunk.endswith(b"\n") or size > MAX_LINE:
             return b"".join(chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """The process on the other end of a Unix socket, as the kernel reports it."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """The credentials of ``sock``'s peer (``SO_PEERCRED``, Linux): who really is there.
+
+    Raises:
+        OSError: the kernel could not tell (not a connected Unix socket).
+    """
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    pid, uid, gid = _CREDENTIALS.unpack(raw)
+    return Peer(pid, uid, gid)

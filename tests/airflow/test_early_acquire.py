@@ -127,6 +127,8 @@ def test_a_rerun_request_is_approved_before_its_acquire(
     with psycopg.connect(plugin_env["sink"], autocommit=True) as conn:
         conn.execute("DELETE FROM runfence.ledger")  # the fix: the sink was corrected by hand
     rerun = {"business_date": "2024-02-15", "exactly_once_rerun": {"reason": "INC-42 refund fix"}}
+    with LeaseStore(plugin_env["lease"]) as store:  # as the page's approve action does
+        store.approve_rerun(KEY, actor="alice", reason="INC-42 refund fix")
     context = task_context(op, run_id="manual__rerun", conf=rerun, triggering_user="alice")
     op.render_template_fields(context)
     assert wait_for(lambda: len(_events(plugin_env["lease"])) > 3)  # approved and granted early

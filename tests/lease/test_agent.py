@@ -282,12 +282,18 @@ def test_the_agent_refuses_what_is_not_a_try_statement_and_keeps_serving(
     with LeaseStore(lease_db, ttl=5.0, agent_socket=str(socket_path)) as leases:
         assert leases.acquire(f"after-refusals/{DAY}", Holder.process("ok")).granted
     assert agent_in_process.served == 1
-    # a statement the database rejects comes back as the database's error
+    # a parameter the store's API would not send is refused before it reaches the database
     answer = _ask(
         socket_path,
-        wire.request(store, "renew", {"key": "k", "token": "not a number", "ttl_ms": 1}),
+        wire.request(store, "renew", {"key": "k", "token": "not a number", "ttl_ms": 1000}),
     )
-    assert answer["sqlstate"] == "22P02"
+    assert "token must be an integer" in str(answer["refused"])
+    # a well-formed renew of a lease nobody holds runs, and finds nothing
+    answer = _ask(
+        socket_path,
+        wire.request(store, "renew", {"key": "k", "token": 7, "ttl_ms": 1000}),
+    )
+    assert answer == {"rows": []}
 
 
 def test_connections_idle_through_a_server_restart_cost_no_request(

@@ -69,12 +69,14 @@ RETURNING expires_at;
 -- Ends the holder's lease (succeeded, failed or released) and writes its audit row, in one
 -- plain statement guarded by the token: a superseded holder changes nothing and gets no row.
 -- The same call again (its answer was lost with a connection) finds its own finish and gets
--- that back, as runlease.finish does.
+-- that back, as runlease.finish does. The caller names its holder: key and token alone do not
+-- finish a lease (a token read from a log), and the audit row is the holder's own.
 WITH finished AS (
     UPDATE runlease.lease AS l
     SET state = %(state)s::text, finished_at = now(), result = %(result)s::jsonb,
         error = %(error)s::text
     WHERE l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = 'running'
+      AND l.holder = %(holder)s::jsonb
     RETURNING l.holder, l.attempt, l.business_date, l.finished_at,
               floor(extract(epoch FROM l.finished_at - l.acquired_at) * 1000)::bigint
               AS duration_ms
@@ -93,7 +95,8 @@ UNION ALL
 SELECT l.finished_at, floor(extract(epoch FROM l.finished_at - l.acquired_at) * 1000)::bigint
 FROM runlease.lease l
 WHERE NOT EXISTS (SELECT FROM finished)
-  AND l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = %(state)s::text;
+  AND l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = %(state)s::text
+  AND l.holder = %(holder)s::jsonb;
 
 -- name: force_release
 SELECT * FROM runlease.force_release(%(key)s, %(actor)s, %(reason)s);
