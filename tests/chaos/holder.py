@@ -37,7 +37,7 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def _plain(args: argparse.Namespace) -> int:
-    with psycopg.connect(args.sink_dsn, autocommit=True) as conn:
+    with psycopg.connect(args.sink_dsn, autocommit=True, application_name=args.name[-63:]) as conn:
         emit("granted", token=0)
         for n in range(args.items):
             conn.execute(WRITE, (args.key, f"item-{n:03d}", 0, args.name))
@@ -58,7 +58,9 @@ def _fenced_once(store: LeaseStore, args: argparse.Namespace) -> bool:
         return False
     lease = got.lease
     emit("granted", token=lease.token)
-    with LeaseKeeper(store, lease) as keeper, psycopg.connect(args.sink_dsn) as conn:
+    # named, so the campaign can find and cut this holder's sink session
+    sink = {"conninfo": args.sink_dsn, "application_name": args.name[-63:]}
+    with LeaseKeeper(store, lease) as keeper, psycopg.connect(**sink) as conn:
         n = 0
         while n < args.items:
             keeper.check()
@@ -68,7 +70,8 @@ def _fenced_once(store: LeaseStore, args: argparse.Namespace) -> bool:
                     if tx.claim(item):
                         conn.execute(WRITE, (lease.key, item, lease.token, args.name))
             except psycopg.OperationalError:
-                conn = psycopg.connect(args.sink_dsn)  # fate unknown: the ledger decides
+                conn.close()
+                conn = psycopg.connect(**sink)  # fate unknown: the ledger decides
                 continue
             emit("wrote", item=n)
             n += 1

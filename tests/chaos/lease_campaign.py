@@ -4,9 +4,10 @@ Keys are worked by several holder processes each (tests/chaos/holder.py), throug
 and a sink database of the campaign's own on the local Postgres. A seed chooses the faults, their
 order, their targets (by position among the live holders) and their timing: SIGKILL (the killed
 holder is started again, as Airflow retries a task), SIGSTOP then SIGCONT within the lease and
-past it. A fault counts as landed when its holder held a lease (or, disabled, was writing) at the
-time. Then a fresh holder acquires every key through the public API (a wedged key is still held
-after two lease lifetimes), and the independent checker judges the sink.
+past it, the holder's sink session cut (pg_terminate_backend). A fault counts as landed when its
+holder held a lease (or, disabled, was writing) at the time; a cut, when the session was inside a
+transaction. Then a fresh holder acquires every key through the public API (a wedged key is
+still held after two lease lifetimes), and the independent checker judges the sink.
 
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 10000
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --plain   # no plugin
@@ -44,7 +45,11 @@ CREATE TABLE effects (
     id bigserial PRIMARY KEY, key text NOT NULL, item text NOT NULL, token bigint NOT NULL,
     writer text NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())
 """
-KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease")
+KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease", "sink_cut")
+CUT = """
+SELECT pid, xact_start IS NOT NULL FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = %s
+"""
 
 
 @dataclass
@@ -152,7 +157,9 @@ class Campaign:
         proc = targets[int(pick * len(targets))]
         landed = proc.live_lease()
         try:
-            if kind == "sigkill":
+            if kind == "sink_cut":
+                landed = self.cut(proc)
+            elif kind == "sigkill":
                 proc.popen.kill()
                 self.start(proc.key, f"{proc.name}+")  # the retry of the killed try
             else:
@@ -161,6 +168,14 @@ class Campaign:
         except ProcessLookupError:
             landed = False
         self.log.append({"kind": kind, "key": proc.key, "t": time.time(), "landed": landed})
+
+    def cut(self, proc: Proc) -> bool:
+        """Ends the holder's sink session; True when it was inside a transaction."""
+        with psycopg.connect(self.sink_dsn, autocommit=True) as conn:
+            rows = conn.execute(CUT, (proc.name[-63:],)).fetchall()
+            for pid, _ in rows:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return any(in_transaction for _, in_transaction in rows)
 
     def run(self) -> None:
         while len(self.log) < self.faults:
