@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,7 +241,10 @@ def campaign(seed: int, faults: int, *, plain: bool, admin_dsn: str = ADMIN_DSN)
             conn.execute(EFFECTS)
         run = Campaign(seed, faults, plain, lease_dsn, sink_dsn)
         started = time.monotonic()
-        run.run()
+        try:
+            run.run()
+        finally:
+            shutil.rmtree(run.tmp, ignore_errors=True)
         log = {
             "mode": "plain" if plain else "fenced",
             "seed": seed,

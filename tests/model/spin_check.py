@@ -12,6 +12,12 @@ from pathlib import Path
 
 from tests.model.sql_hashes import MODEL
 
+# the steps of a trail worth reading: grants, expiry, deadlines, fence, commits, faults
+_EVENT = re.compile(
+    r"\[(ltoken = |expired = |fence = |fence_lock = h|lstate = |ldl\[h?\d?\]? ?= |"
+    r"lost\[\d\] = |crash\[h\] = |killed\[|faults = |effect\[i\] = |assert)"
+)
+
 # pan's memory cap (MB): a model that outgrows it fails instead of taking the shared machine
 MEMLIM_MB = 3000
 
@@ -33,8 +39,12 @@ class Verdict:
         head = f"errors={self.errors} states={self.states} depth={self.depth}"
         if not self.failed:
             return head
-        steps = "\n    ".join(self.trail[-12:])
-        return f"{head}\n  violation: {self.failed}\n  last steps of the trail:\n    {steps}"
+        events = [line for line in self.trail if _EVENT.search(line)][-14:]
+        steps = "\n    ".join(events)
+        return (
+            f"{head}\n  violation: {self.failed}\n"
+            f"  the trail's {len(self.trail)} steps, those that move the protocol:\n    {steps}"
+        )
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float) -> str:
