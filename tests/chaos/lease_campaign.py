@@ -11,6 +11,7 @@ still held after two lease lifetimes), and the independent checker judges the si
 
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 10000
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --plain   # no plugin
+    .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --private-pg 4
 
 The last line is the checker's JSON verdict.
 """
@@ -37,7 +38,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from airflow_plugins.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
+from tests.lease.ports import free_port
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 HOLDER = [sys.executable, "-m", "tests.chaos.holder"]
@@ -47,6 +50,9 @@ CREATE TABLE effects (
     writer text NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())
 """
 KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease", "sink_cut")
+# with --private-pg: the one server holding the store and the sink restarted, or crashed
+# (an immediate stop, then crash recovery); capped per run, they cost seconds each
+SERVER_KINDS = ("store_restart", "store_crash")
 CUT = """
 SELECT pid, xact_start IS NOT NULL FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = %s
@@ -87,6 +93,8 @@ class Campaign:
     ttl: float = 1.5
     width: int = 4
     tmp: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="chaos-"))
+    server: EmbeddedPostgres | None = None
+    server_faults_left: int = 0
     rng: random.Random = field(init=False)
     procs: list[Proc] = field(default_factory=list)
     keys: dict[str, list[str]] = field(default_factory=dict)
@@ -145,7 +153,14 @@ class Campaign:
                 self.start(key, f"{key}#r{self.rng.randrange(10**6)}")  # all died: retried
 
     def inject(self) -> None:
-        kind = self.rng.choice(KINDS)
+        kind = self.rng.choice(KINDS + (SERVER_KINDS if self.server else ()))
+        if kind in SERVER_KINDS:
+            if self.server is None or self.server_faults_left <= 0:
+                kind = KINDS[self.rng.randrange(len(KINDS))]
+            else:
+                self.server_faults_left -= 1
+                self.restart_server(kind)
+                return
         pick = self.rng.random()
         pause = self.rng.uniform(0.2, 0.6) * self.ttl
         if kind == "sigstop_past_lease":
@@ -169,6 +184,15 @@ class Campaign:
         except ProcessLookupError:
             landed = False
         self.log.append({"kind": kind, "key": proc.key, "t": time.time(), "landed": landed})
+
+    def restart_server(self, kind: str) -> None:
+        """Restarts (or crashes and recovers) the private server under the holders."""
+        assert self.server is not None
+        live = [p.key for p in self.procs if p.live_lease()]
+        at = time.time()
+        self.server.restart("fast" if kind == "store_restart" else "immediate")
+        key = live[0] if live else next(iter(self.keys))
+        self.log.append({"kind": kind, "key": key, "t": at, "landed": bool(live)})
 
     def cut(self, proc: Proc) -> bool:
         """Ends the holder's sink session; True when it was inside a transaction."""
@@ -232,14 +256,50 @@ def databases(admin_dsn: str) -> Iterator[tuple[str, str]]:
                 )
 
 
-def campaign(seed: int, faults: int, *, plain: bool, admin_dsn: str = ADMIN_DSN) -> dict[str, Any]:
-    """Runs one campaign and returns the checker's verdict (also printed, last line JSON)."""
+def campaign(
+    seed: int,
+    faults: int,
+    *,
+    plain: bool,
+    admin_dsn: str = ADMIN_DSN,
+    private_pg: int = 0,
+) -> dict[str, Any]:
+    """Runs one campaign and returns the checker's verdict (also printed, last line JSON).
+
+    Args:
+        seed: chooses the schedule.
+        faults: how many faults to inject.
+        plain: holders without lease and fence (the plugin disabled).
+        admin_dsn: the server the campaign's databases are made on.
+        private_pg: when > 0, a private server of the campaign's own instead, restarted or
+            crashed at most that many times.
+    """
+    if private_pg <= 0:
+        return _campaign(seed, faults, plain, admin_dsn, None, 0)
+    datadir = Path(tempfile.gettempdir()) / f"eo-chaos-{uuid.uuid4().hex[:8]}"
+    server = EmbeddedPostgres(free_port(), datadir=datadir)
+    server.start()
+    try:
+        return _campaign(seed, faults, plain, server.dsn(), server, private_pg)
+    finally:
+        server.destroy()
+
+
+def _campaign(
+    seed: int,
+    faults: int,
+    plain: bool,
+    admin_dsn: str,
+    server: EmbeddedPostgres | None,
+    server_faults: int,
+) -> dict[str, Any]:
     with databases(admin_dsn) as (lease_dsn, sink_dsn):
         migrate(lease_dsn)
         migrate(sink_dsn, SINK_FENCE)
         with psycopg.connect(sink_dsn, autocommit=True) as conn:
             conn.execute(EFFECTS)
         run = Campaign(seed, faults, plain, lease_dsn, sink_dsn)
+        run.server, run.server_faults_left = server, server_faults
         started = time.monotonic()
         try:
             run.run()
@@ -287,8 +347,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--faults", type=int, default=10000)
     parser.add_argument("--plain", action="store_true", help="holders without lease and fence")
     parser.add_argument("--dsn", default=os.environ.get("CHAOS_ADMIN_DSN", ADMIN_DSN))
+    parser.add_argument(
+        "--private-pg",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run on a private Postgres of the campaign's own, restarted or crashed up to N times",
+    )
     args = parser.parse_args(argv)
-    verdict = campaign(args.seed, args.faults, plain=args.plain, admin_dsn=args.dsn)
+    verdict = campaign(
+        args.seed, args.faults, plain=args.plain, admin_dsn=args.dsn, private_pg=args.private_pg
+    )
     bad = verdict["stale_writes_accepted"] + verdict["items_missed"] + verdict["keys_wedged"]
     return int(bool(bad or (verdict["duplicate_effects"] and not args.plain)))
 
