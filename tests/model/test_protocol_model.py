@@ -60,3 +60,10 @@ def test_spin_finds_the_keeper_trusting_a_deadline_past_the_expiry() -> None:
     assert verdict.errors >= 1
     assert "ldl" in verdict.failed
     assert verdict.trail
+
+
+def test_a_changed_statement_is_caught_and_a_comment_edit_is_not() -> None:
+    guard = sql_hashes.statement("queries", "fence_advance")
+    recorded = sql_hashes.digest(guard)
+    assert sql_hashes.digest("-- why it is so\n" + guard.replace(" ", "  ")) == recorded
+    assert sql_hashes.digest(guard.replace("f.token <= excluded.token", "true")) != recorded
