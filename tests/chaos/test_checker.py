@@ -1,0 +1,41 @@
+"""The checker's verdict on hand-made histories: each violation it must report, it reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.chaos.checker import check
+
+KEY = "chaos_billing/charge/2026-12-01/run-00000"
+
+
+def _log(probe: str = "succeeded") -> dict[str, Any]:
+    return {
+        "mode": "fenced",
+        "seed": 0,
+        "keys": {KEY: ["item-000", "item-001", "item-002"]},
+        "faults": [{"kind": "sigkill", "key": KEY, "t": 10.0, "landed": True}],
+        "probe": {KEY: probe},
+    }
+
+
+def test_a_clean_history_has_no_violation() -> None:
+    rows = [
+        (1, KEY, "item-000", 5, 9.0),
+        (2, KEY, "item-001", 7, 11.0),
+        (3, KEY, "item-002", 7, 12.0),
+    ]
+    verdict = check(rows, _log())
+    assert verdict["duplicate_effects"] == verdict["stale_writes_accepted"] == 0
+    assert verdict["items_missed"] == verdict["keys_wedged"] == 0
+    assert verdict["by_fault"]["sigkill"]["recover_p50_s"] == 1.0
+
+
+def test_duplicates_stale_writes_missed_items_and_wedged_keys_are_reported() -> None:
+    rows = [(1, KEY, "item-000", 7, 9.0), (2, KEY, "item-000", 5, 11.0)]  # again, older token
+    verdict = check(rows, _log(probe="held"))
+    assert verdict["duplicate_effects"] == 1
+    assert verdict["stale_writes_accepted"] == 1
+    assert verdict["items_missed"] == 2
+    assert verdict["keys_wedged"] == 1
+    assert verdict["by_fault"]["sigkill"]["keys_wedged"] == 1
