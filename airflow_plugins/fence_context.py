@@ -125,6 +125,9 @@ class Fence:
         self._conn: psycopg.Connection[Any] | None = None
         self.stop_event = threading.Event()
         self.stop_reason: str | None = None
+        # set when check() raised FenceStopped: the body was stopped inside its work, so
+        # whatever it returns afterwards (a swallowed stop) is not the key's whole work
+        self.stop_raised = False
 
     @classmethod
     def unprotected(
@@ -159,8 +162,14 @@ class Fence:
         return self.stop_event.is_set()
 
     def check(self) -> None:
-        """Raises ``FenceStopped`` once the body must stop; call it between items of work."""
+        """Raises ``FenceStopped`` once the body must stop; call it between items of work.
+
+        The raise is recorded (``stop_raised``): a body that catches it and returns anyway is
+        not completed (its lease is released or failed, and the next holder finishes the work
+        from the ledger).
+        """
         if self.stop_event.is_set():
+            self.stop_raised = True
             raise FenceStopped(self.key, self.token, self.stop_reason or "told to stop")
 
     # -- the sink ---------------------------------------------------------------------------

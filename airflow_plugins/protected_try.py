@@ -346,6 +346,15 @@ def run_granted(
         with _active_lock:
             _active = None
         fence.close()
+    if fence.stop_raised:
+        # the body was stopped inside its work and returned anyway (it caught FenceStopped):
+        # its result is partial; the next holder finishes the work from the ledger
+        reason = fence.stop_reason or "told to stop"
+        _release_lease(store, lease, f"the fence was stopped while the work ran: {reason}")
+        raise _retryable(
+            f"exactly-once: {lease.key}: the work was stopped ({reason}) and returned a partial "
+            "result; not recording it: the next try finishes the work"
+        )
     _complete(store, lease, result)
     return result
 

@@ -19,6 +19,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from airflow_plugins.fence_context import FenceStopped
 from airflow_plugins.keys import first_day
 from airflow_plugins.lease import (
     Holder,
@@ -130,6 +131,8 @@ class BridgeActivities:
                 fence.advance_sink_fence()
                 result = self._call(inp, fence)
                 keeper.check()
+                if fence.stop_raised:  # cancelled, shutting down or lost, and the stop swallowed
+                    raise FenceStopped(lease.key, lease.token, fence.stop_reason or "stopped")
         except BaseException as exc:
             _fail_quietly(self.store, lease, exc)
             raise _as_application_error(exc) from exc

@@ -163,7 +163,6 @@ def test_a_result_that_is_not_json_is_recorded_and_handed_back_with_its_types(
 # -- 2. a stopped fence is never recorded as success -------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2: a swallowed FenceStopped is completed")
 def test_a_body_that_swallows_a_stopped_fence_is_not_completed(
     plugin_env: dict[str, str],
 ) -> None:

@@ -37,7 +37,6 @@ def _charges(sink: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2: a swallowed stop is completed")
 @pytest.mark.parametrize("stop", ["cancel", "worker_shutdown"])
 def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
     stop: str, lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
