@@ -31,6 +31,7 @@ from airflow_plugins.lease import (
     Lease,
     LeaseLost,
     advance_fence,
+    done_items,
     fenced_transaction,
     http_headers,
     idempotency_key,
@@ -216,6 +217,17 @@ class Fence:
         """
         if self.lease is not None and self._sink_connect is not None:
             advance_fence(self.connection(), self.key, self.token)
+
+    def done_items(self) -> list[str]:
+        """Every item done under this key at the sink, by any holder of the key, in item order.
+
+        After a takeover the body skips what earlier holders did; its result should describe
+        the key's whole work (``{"charged": len(fence.done_items())}``), since that result is
+        what every later run of the business date is handed. Empty when protection is off.
+        """
+        if self.lease is None:
+            return []
+        return done_items(self.connection(), self.key)
 
     def idempotency_key(self, item: str) -> str:
         """A stable per-item idempotency key (the same for every holder of the key)."""

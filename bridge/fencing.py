@@ -92,6 +92,13 @@ class BridgeFence(Fence):
         if not self.shadow:
             super().advance_sink_fence()
 
+    def done_items(self) -> list[str]:
+        """The key's done items; in shadow mode with those this run captured (rolled back)."""
+        done = super().done_items()
+        if self.shadow:
+            return sorted(set(done) | set(self.captured_items))
+        return done
+
     @contextmanager
     def transaction(self) -> Iterator[SinkWrite]:
         """A fenced transaction on the sink; in shadow mode captured and rolled back.

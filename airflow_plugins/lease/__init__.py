@@ -26,6 +26,7 @@ from airflow_plugins.lease.errors import (
 from airflow_plugins.lease.fence import (
     FencedWrite,
     advance_fence,
+    done_items,
     fence_token,
     fenced_transaction,
     http_headers,
@@ -61,6 +62,7 @@ __all__ = [
     "advance_fence",
     "check_key",
     "check_ttl",
+    "done_items",
     "fence_token",
     "fenced_transaction",
     "for_audit",

@@ -78,6 +78,10 @@ class FencedWrite:
         rows = self.conn.execute(query("ledger_done"), {"key": self.key, "items": wanted})
         return {row[0] for row in rows.fetchall()}
 
+    def done_items(self) -> list[str]:
+        """Every item done under this key by any holder (this transaction's claims included)."""
+        return done_items(self.conn, self.key)
+
     def headers(self, item: str) -> dict[str, str]:
         """Fence headers for an HTTP call that writes ``item``."""
         return http_headers(self.key, self.token, item)
@@ -131,3 +135,13 @@ def fence_token(conn: psycopg.Connection[Any], key: str) -> int | None:
     """The highest token that has written under ``key`` at this sink, or None."""
     row = conn.execute(query("fence_current"), {"key": check_key(key)}).fetchone()
     return int(row[0]) if row else None
+
+
+def done_items(conn: psycopg.Connection[Any], key: str) -> list[str]:
+    """Every item done under ``key`` at this sink, by any holder, in item order.
+
+    A taken-over run skips the items an earlier holder did; its result should still describe
+    the key's whole work (the billing of the night, not the last holder's part of it).
+    """
+    rows = conn.execute(query("ledger_items"), {"key": check_key(key)}).fetchall()
+    return [str(row[0]) for row in rows]

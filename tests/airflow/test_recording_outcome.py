@@ -209,7 +209,6 @@ def billing(monkeypatch: pytest.MonkeyPatch, plugin_env: dict[str, str]) -> Any:
     sys.modules.pop("billing_charges", None)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.3: the result is only the last holder's work")
 def test_after_a_takeover_the_example_billing_result_counts_every_holders_work(
     plugin_env: dict[str, str], billing: Any
 ) -> None:

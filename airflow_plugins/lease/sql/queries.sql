@@ -179,6 +179,10 @@ RETURNING item;
 -- name: ledger_done
 SELECT item FROM runfence.ledger WHERE key = %(key)s AND item = ANY(%(items)s::text[]);
 
+-- name: ledger_items
+-- Every item done under the key, by any holder: what a taken-over run's result describes.
+SELECT item FROM runfence.ledger WHERE key = %(key)s ORDER BY item;
+
 -- name: ledger_count
 SELECT count(*) FROM runfence.ledger WHERE key = %(key)s;
 
