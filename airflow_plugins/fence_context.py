@@ -145,6 +145,11 @@ class Fence:
         )
 
     @property
+    def generation(self) -> int:
+        """The lease's re-run generation: an approved re-run claims its items afresh."""
+        return 0 if self.lease is None else self.lease.generation
+
+    @property
     def protected(self) -> bool:
         """Whether a lease protects this body."""
         return self.lease is not None
@@ -205,7 +210,7 @@ class Fence:
             return
         write: FencedWrite
         with fenced_transaction(
-            conn, self.key, self.token, idle_timeout=self.idle_timeout
+            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
         ) as write:
             yield write
 
@@ -227,7 +232,7 @@ class Fence:
         """
         if self.lease is None:
             return []
-        return done_items(self.connection(), self.key)
+        return done_items(self.connection(), self.key, self.generation)
 
     def idempotency_key(self, item: str) -> str:
         """A stable per-item idempotency key (the same for every holder of the key)."""

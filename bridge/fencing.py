@@ -115,7 +115,11 @@ class BridgeFence(Fence):
         conn = self.connection()
         try:
             with fenced_transaction(
-                conn, self.key, self.token, idle_timeout=self.idle_timeout
+                conn,
+                self.key,
+                self.token,
+                idle_timeout=self.idle_timeout,
+                generation=self.generation,
             ) as tx:
                 yield tx
                 self._capture(conn)

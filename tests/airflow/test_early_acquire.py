@@ -115,7 +115,6 @@ def test_outside_a_task_runner_rendering_takes_no_lease(plugin_env: dict[str, st
         assert store.get(KEY) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.4: an approved re-run skips every item")
 def test_a_rerun_request_is_approved_before_its_acquire(
     plugin_env: dict[str, str], preparing: None
 ) -> None:

@@ -288,7 +288,6 @@ def test_on_kill_stops_the_body_promptly_and_releases_the_lease(
     assert "on_kill" in row["error"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.4: an approved re-run skips every item")
 def test_a_sanctioned_rerun_runs_once_more_audited_with_the_user(
     plugin_env: dict[str, str],
 ) -> None:

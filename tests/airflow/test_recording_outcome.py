@@ -255,7 +255,6 @@ def test_after_a_takeover_the_example_billing_result_counts_every_holders_work(
 # -- 4. an approved re-run re-does the effects, once ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.4: an approved re-run skips every item")
 def test_an_approved_rerun_redoes_every_effect_once_without_touching_the_ledger(
     plugin_env: dict[str, str],
 ) -> None:
