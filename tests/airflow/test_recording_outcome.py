@@ -108,7 +108,6 @@ class StoreOutage:
 # -- 1. the work returned: its completion is recorded, never the work run again ---------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1a: a store blip at complete fails the try")
 def test_a_store_blip_while_completing_is_retried_and_the_work_never_runs_again(
     plugin_env: dict[str, str],
 ) -> None:
@@ -135,7 +134,6 @@ def test_a_store_blip_while_completing_is_retried_and_the_work_never_runs_again(
     assert _charges(plugin_env["sink"]) == CUSTOMERS
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1b: a datetime/Decimal result fails the lease")
 def test_a_result_that_is_not_json_is_recorded_and_handed_back_with_its_types(
     plugin_env: dict[str, str],
 ) -> None:
