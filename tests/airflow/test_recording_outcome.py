@@ -284,3 +284,41 @@ def test_an_approved_rerun_redoes_every_effect_once_without_touching_the_ledger(
         with pytest.raises(Exception, match="token"):
             with fenced_transaction(conn, KEY, calls[0]):
                 pass
+
+
+def test_a_policy_wrapped_export_under_a_store_blip_is_completed_not_run_again(
+    plugin_env: dict[str, str],
+) -> None:
+    # an unfenced body (the cluster policy's wrapping): only the lease stands between a blip at
+    # completion and the export done twice
+    from airflow.providers.standard.operators.python import PythonOperator
+
+    from airflow_plugins import policy
+
+    outage = StoreOutage(plugin_env["lease"])
+    exports: list[str] = []
+
+    def export() -> str:
+        exports.append("s3://exports/2024-02-15.csv")
+        outage.begin(seconds=2.0)
+        return exports[-1]
+
+    with DAG(
+        "nightly_export",
+        schedule="0 2 * * *",
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        tags=["exactly-once"],
+    ):
+        task = PythonOperator(task_id="export", python_callable=export)
+    policy.wrap(task)
+    try:
+        first = task.execute(context=task_context(task, logical_date=NIGHT))
+    finally:
+        outage.end()
+    cleared = task.execute(context=task_context(task, logical_date=NIGHT, try_number=2))
+    assert first == cleared == "s3://exports/2024-02-15.csv"
+    assert len(exports) == 1
+    with LeaseStore(plugin_env["lease"]) as store:
+        row = store.get("nightly_export/export/2024-02-15")
+    assert row is not None
+    assert (row["state"], row["result"]) == ("succeeded", first)
