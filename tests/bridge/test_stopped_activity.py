@@ -95,3 +95,44 @@ def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
         {"FenceStopped", "CancelledError"} if stop == "cancel" else {"FenceStopped"}
     )
     assert _charges(sink_db) == CUSTOMERS[:2]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16.1a: a store blip at complete fails the attempt")
+def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_again(
+    lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.airflow.test_recording_outcome import StoreOutage
+
+    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
+    outage = StoreOutage(lease_db)
+    calls: list[int] = []
+
+    def billing(fence: Fence) -> dict[str, int]:
+        calls.append(fence.token)
+        with fence.transaction() as tx:
+            for customer in tx.claim_many(CUSTOMERS):
+                tx.conn.execute(
+                    "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
+                    (fence.key, customer, fence.token),
+                )
+        outage.begin(seconds=2.0)
+        return {"charged": len(CUSTOMERS)}
+
+    catalog = TaskCatalog()
+    catalog.register(DAG_ID, "charge", billing)
+    spec = TaskSpec(task_id="charge", fenced=True, sink="sink", heartbeat_s=0.6, lease_ttl_s=5)
+    inp = TaskInput(dag_id=DAG_ID, business_date=DATE, task=spec, mode=RunMode.PRIMARY)
+    with LeaseStore(lease_db, horizon_days=4000) as store:
+        activities = BridgeActivities(store, catalog, ModeStore(store))
+        try:
+            first = ActivityEnvironment().run(activities.run_task, inp)
+        finally:
+            outage.end()
+        again = ActivityEnvironment().run(activities.run_task, inp)
+        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+    assert (first.status, first.result) == ("succeeded", {"charged": 6})
+    assert (again.status, again.result) == ("recorded", {"charged": 6})
+    assert row is not None
+    assert row["state"] == "succeeded"
+    assert len(calls) == 1
+    assert _charges(sink_db) == CUSTOMERS
