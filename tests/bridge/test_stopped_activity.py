@@ -97,7 +97,6 @@ def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
     assert _charges(sink_db) == CUSTOMERS[:2]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1a: a store blip at complete fails the attempt")
 def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_again(
     lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
