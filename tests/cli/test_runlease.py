@@ -10,7 +10,8 @@ import sys
 import psycopg
 import pytest
 
-from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore
+from airflow_plugins.lease.migrations import migrations
 
 KEY = "billing_nightly/charge/2024-02-15"
 
@@ -32,7 +33,8 @@ def runlease(dsn: str | None, *args: str) -> subprocess.CompletedProcess[str]:
 def test_migrate_creates_lease_store_and_sink_fence(empty_db: str, sink_db: str) -> None:
     done = runlease(empty_db, "migrate", "--sink", sink_db)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[0]) == {"lease_store": [1]}
+    every = [m.version for m in migrations(LEASE_STORE)]
+    assert json.loads(done.stdout.splitlines()[0]) == {"lease_store": every}
     again = runlease(empty_db, "migrate")
     assert json.loads(again.stdout) == {"lease_store": []}
     with psycopg.connect(empty_db) as conn:
