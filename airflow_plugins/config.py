@@ -74,6 +74,12 @@ OPTIONS: dict[str, Option] = {
         Option("wait_poll_interval", float, "5", "seconds between checks while deferred"),
         Option("wait_at_least", float, "10", "seconds a deferred task waits before resuming"),
         Option("router", str, "", "module:attribute of the Router deciding the engine"),
+        Option(
+            "complete_timeout",
+            float,
+            "3600",
+            "seconds a try whose work returned retries recording it while the store is away",
+        ),
         Option("agent_socket", str, "", "Unix socket of this host's lease agent (runlease agent)"),
     )
 }
@@ -156,6 +162,12 @@ def wait_at_least() -> float:
     would cost the resumed try a retry, or the task with none left.
     """
     return max(0.0, _number("wait_at_least", float))
+
+
+def complete_timeout() -> float:
+    """Seconds a try whose work returned keeps retrying its completion while the lease store
+    is away (renewing meanwhile) before it fails loudly; the work is never run again for it."""
+    return max(0.0, _number("complete_timeout", float))
 
 
 def router_path() -> str:

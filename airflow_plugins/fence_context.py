@@ -31,6 +31,7 @@ from airflow_plugins.lease import (
     Lease,
     LeaseLost,
     advance_fence,
+    done_items,
     fenced_transaction,
     http_headers,
     idempotency_key,
@@ -125,6 +126,9 @@ class Fence:
         self._conn: psycopg.Connection[Any] | None = None
         self.stop_event = threading.Event()
         self.stop_reason: str | None = None
+        # set when check() raised FenceStopped: the body was stopped inside its work, so
+        # whatever it returns afterwards (a swallowed stop) is not the key's whole work
+        self.stop_raised = False
 
     @classmethod
     def unprotected(
@@ -139,6 +143,11 @@ class Fence:
             lease=None,
             sink_connect=sink_connect,
         )
+
+    @property
+    def generation(self) -> int:
+        """The lease's re-run generation: an approved re-run claims its items afresh."""
+        return 0 if self.lease is None else self.lease.generation
 
     @property
     def protected(self) -> bool:
@@ -159,8 +168,14 @@ class Fence:
         return self.stop_event.is_set()
 
     def check(self) -> None:
-        """Raises ``FenceStopped`` once the body must stop; call it between items of work."""
+        """Raises ``FenceStopped`` once the body must stop; call it between items of work.
+
+        The raise is recorded (``stop_raised``): a body that catches it and returns anyway is
+        not completed (its lease is released or failed, and the next holder finishes the work
+        from the ledger).
+        """
         if self.stop_event.is_set():
+            self.stop_raised = True
             raise FenceStopped(self.key, self.token, self.stop_reason or "told to stop")
 
     # -- the sink ---------------------------------------------------------------------------
@@ -195,7 +210,7 @@ class Fence:
             return
         write: FencedWrite
         with fenced_transaction(
-            conn, self.key, self.token, idle_timeout=self.idle_timeout
+            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
         ) as write:
             yield write
 
@@ -207,6 +222,17 @@ class Fence:
         """
         if self.lease is not None and self._sink_connect is not None:
             advance_fence(self.connection(), self.key, self.token)
+
+    def done_items(self) -> list[str]:
+        """Every item done under this key at the sink, by any holder of the key, in item order.
+
+        After a takeover the body skips what earlier holders did; its result should describe
+        the key's whole work (``{"charged": len(fence.done_items())}``), since that result is
+        what every later run of the business date is handed. Empty when protection is off.
+        """
+        if self.lease is None:
+            return []
+        return done_items(self.connection(), self.key, self.generation)
 
     def idempotency_key(self, item: str) -> str:
         """A stable per-item idempotency key (the same for every holder of the key)."""

@@ -19,6 +19,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from airflow_plugins.fence_context import FenceStopped
 from airflow_plugins.keys import first_day
 from airflow_plugins.lease import (
     Holder,
@@ -54,6 +55,8 @@ _FAIL_NOW = {
 MAX_WAIT_S = 30.0
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 UNAVAILABLE_WAIT_S = 5.0
+#: How long an activity whose work returned retries recording it while the store is away.
+COMPLETE_TIMEOUT_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,15 +133,15 @@ class BridgeActivities:
                 fence.advance_sink_fence()
                 result = self._call(inp, fence)
                 keeper.check()
+                if fence.stop_raised:  # cancelled, shutting down or lost, and the stop swallowed
+                    raise FenceStopped(lease.key, lease.token, fence.stop_reason or "stopped")
+                # the work returned: recorded while the keeper renews and the heartbeat beats
+                _complete(self.store, lease, result)
         except BaseException as exc:
             _fail_quietly(self.store, lease, exc)
             raise _as_application_error(exc) from exc
         finally:
             fence.close()
-        try:
-            self.store.complete(lease, result)
-        except InvalidLeaseInput as exc:
-            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
         captured: dict[str, Any] = {}
         if fence.shadow:
             captured = {"items": sorted(fence.captured_items), "rows": fence.captured_rows}
@@ -276,6 +279,25 @@ def _wait(expires_at: datetime | None) -> float:
 
 def _who(holder: Holder | None) -> str | None:
     return holder.describe() if holder else None
+
+
+def _complete(store: LeaseStore, lease: Lease, result: Any) -> None:
+    """Records a returned work's result, retrying a store that does not answer (with backoff,
+    up to ``COMPLETE_TIMEOUT_S``): an attempt that fails here would have its work run again."""
+    give_up = time.monotonic() + COMPLETE_TIMEOUT_S
+    delay = 0.1
+    while True:
+        try:
+            store.complete(lease, result)
+            return
+        except InvalidLeaseInput as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        except LeaseStoreUnavailable as exc:
+            if time.monotonic() + delay > give_up:
+                raise
+            activity.logger.warning("completing %s: store away, retrying: %s", lease.key, exc)
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
 
 
 def _fail_quietly(store: LeaseStore, lease: Lease, exc: BaseException) -> None:

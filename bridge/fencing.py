@@ -92,6 +92,13 @@ class BridgeFence(Fence):
         if not self.shadow:
             super().advance_sink_fence()
 
+    def done_items(self) -> list[str]:
+        """The key's done items; in shadow mode with those this run captured (rolled back)."""
+        done = super().done_items()
+        if self.shadow:
+            return sorted(set(done) | set(self.captured_items))
+        return done
+
     @contextmanager
     def transaction(self) -> Iterator[SinkWrite]:
         """A fenced transaction on the sink; in shadow mode captured and rolled back.
@@ -108,7 +115,11 @@ class BridgeFence(Fence):
         conn = self.connection()
         try:
             with fenced_transaction(
-                conn, self.key, self.token, idle_timeout=self.idle_timeout
+                conn,
+                self.key,
+                self.token,
+                idle_timeout=self.idle_timeout,
+                generation=self.generation,
             ) as tx:
                 yield tx
                 self._capture(conn)

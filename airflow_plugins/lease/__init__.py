@@ -28,6 +28,7 @@ from airflow_plugins.lease.errors import (
 from airflow_plugins.lease.fence import (
     FencedWrite,
     advance_fence,
+    done_items,
     fence_token,
     fenced_transaction,
     http_headers,
@@ -65,6 +66,7 @@ __all__ = [
     "check_key",
     "check_ttl",
     "connect_sink",
+    "done_items",
     "fence_token",
     "fenced_transaction",
     "for_audit",

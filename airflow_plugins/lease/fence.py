@@ -76,13 +76,17 @@ def http_headers(key: str, token: int, item: str) -> dict[str, str]:
 class FencedWrite:
     """The open fenced transaction of one holder on one key, on the sink's connection.
 
-    Use ``conn`` for the business writes, and ``claim`` each item before writing it.
+    Use ``conn`` for the business writes, and ``claim`` each item before writing it. Items are
+    claimed in the lease's re-run ``generation`` (0 until a re-run is approved).
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], key: str, token: int) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], key: str, token: int, generation: int = 0
+    ) -> None:
         self.conn = conn
         self.key = key
         self.token = token
+        self.generation = generation
 
     def claim(self, item: str) -> bool:
         """Records ``item`` as done under this key; False means it was done already: skip it."""
@@ -92,15 +96,23 @@ class FencedWrite:
         """Claims many items at once; returns those that were not done yet (write only those)."""
         wanted = [_check_item(i) for i in items]
         rows = self.conn.execute(
-            query("ledger_claim"), {"key": self.key, "token": self.token, "items": wanted}
+            query("ledger_claim"),
+            {"key": self.key, "token": self.token, "generation": self.generation, "items": wanted},
         ).fetchall()
         return [row[0] for row in rows]
 
     def done(self, items: Iterable[str]) -> set[str]:
         """The items of ``items`` already done under this key (by any holder)."""
         wanted = [_check_item(i) for i in items]
-        rows = self.conn.execute(query("ledger_done"), {"key": self.key, "items": wanted})
+        rows = self.conn.execute(
+            query("ledger_done"),
+            {"key": self.key, "generation": self.generation, "items": wanted},
+        )
         return {row[0] for row in rows.fetchall()}
+
+    def done_items(self) -> list[str]:
+        """Every item done under this key by any holder (this transaction's claims included)."""
+        return done_items(self.conn, self.key, self.generation)
 
     def headers(self, item: str) -> dict[str, str]:
         """Fence headers for an HTTP call that writes ``item``."""
@@ -115,12 +127,15 @@ def fenced_transaction(
     *,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    generation: int = 0,
 ) -> Iterator[FencedWrite]:
     """Opens a transaction on the sink connection that only the key's newest holder can commit.
 
     The advance waits at most ``lock_timeout`` for the key's fence row; a row held by an
     older holder still inside its fenced transaction (frozen in a statement) has that session
-    ended, and the advance is tried once more.
+    ended, and the advance is tried once more. ``generation`` is the lease's
+    (``Lease.generation``): an approved re-run claims its items in a new one, so it re-does
+    each effect once.
 
     Raises:
         StaleToken: a higher token has already written under ``key``; nothing was written.
@@ -133,6 +148,8 @@ def fenced_transaction(
         raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
     if idle_timeout <= 0 or lock_timeout <= 0:
         raise InvalidLeaseInput("idle_timeout and lock_timeout must be positive")
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise InvalidLeaseInput(f"a ledger generation is an integer >= 0, not {generation!r}")
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         # inside an open transaction this would only be a savepoint: the fence and the writes
         # must commit together, on their own
@@ -154,7 +171,7 @@ def fenced_transaction(
                     current = conn.execute(query("fence_current"), {"key": key}).fetchone()
                     raise StaleToken(key, token, current[0] if current else None)
                 advanced = True
-                yield FencedWrite(conn, key, token)
+                yield FencedWrite(conn, key, token, generation)
             return
         except psycopg.errors.LockNotAvailable:
             if advanced:
@@ -225,3 +242,14 @@ def fence_token(conn: psycopg.Connection[Any], key: str) -> int | None:
     """The highest token that has written under ``key`` at this sink, or None."""
     row = conn.execute(query("fence_current"), {"key": check_key(key)}).fetchone()
     return int(row[0]) if row else None
+
+
+def done_items(conn: psycopg.Connection[Any], key: str, generation: int = 0) -> list[str]:
+    """Every item done under ``key`` at this sink in ``generation``, by any holder, in order.
+
+    A taken-over run skips the items an earlier holder did; its result should still describe
+    the key's whole work (the billing of the night, not the last holder's part of it).
+    """
+    params = {"key": check_key(key), "generation": generation}
+    rows = conn.execute(query("ledger_items"), params).fetchall()
+    return [str(row[0]) for row in rows]

@@ -68,6 +68,9 @@ class Lease:
     # time.monotonic() when the acquire was sent: the server's expiry is at least this plus
     # the TTL, so the keeper counts its deadline from here (None: from when it starts)
     asked_at: float | None = None
+    # the key's re-run generation: sinks claim this lease's items in it (0 until a re-run of
+    # the key is approved; each approval opens the next)
+    generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,7 @@ class Acquisition:
     ttl: float = DEFAULT_TTL
     business_date: date | None = None
     asked_at: float | None = None
+    generation: int = 0
 
     @property
     def granted(self) -> bool:
@@ -121,6 +125,7 @@ class Acquisition:
             self.expires_at,
             self.business_date,
             self.asked_at,
+            self.generation,
         )
 
 
@@ -368,7 +373,15 @@ class LeaseStore:
         # a new key is granted by one plain statement; anything else is decided by the
         # store's function (a second round trip, only when the first granted nothing)
         rows = self._tuples("acquire", params) or self._tuples("acquire_decided", params)
-        return self._acquisition(key, rows[0], ttl, business_date, holder, asked_at)
+        got = self._acquisition(key, rows[0], ttl, business_date, holder, asked_at)
+        if got.granted and (got.attempt or 1) > 1:
+            # a first grant is generation 0; a later one may follow an approved re-run (one
+            # more round trip, for retries and re-runs only). The granted row's generation
+            # cannot change while it is running.
+            generation = self._rows("lease_generation", {"key": key, "token": got.token})
+            if generation:
+                got = dataclasses.replace(got, generation=int(generation[0]["generation"]))
+        return got
 
     def acquire_many(
         self,

@@ -41,6 +41,7 @@ from airflow_plugins.lease import (
     LeaseStoreUnavailable,
     StaleToken,
     advance_fence,
+    done_items,
     fenced_transaction,
 )
 
@@ -101,16 +102,19 @@ def charge_all(
             with LeaseKeeper(store, lease) as keeper:
                 for customer in job.customers:
                     keeper.check()  # raises LeaseLost once the lease is lost
-                    with fenced_transaction(sink, lease.key, lease.token) as tx:
+                    with fenced_transaction(
+                        sink, lease.key, lease.token, generation=lease.generation
+                    ) as tx:
                         if tx.claim(customer):  # False: an earlier holder charged it
                             charge(tx.conn, customer, tx.headers(customer)["Idempotency-Key"])
+                done = done_items(sink, lease.key, lease.generation)  # by every holder
     except (LeaseLost, StaleToken):
         raise  # superseded: the new holder finishes from the ledger
     except BaseException as exc:
         with contextlib.suppress(LeaseLost, LeaseStoreUnavailable):
             store.fail(lease, f"{type(exc).__name__}: {exc}")  # the next attempt gets a new token
         raise
-    result = {"customers": len(job.customers), "token": lease.token}  # JSON only
+    result = {"charged": len(done), "token": lease.token}  # JSON only
     store.complete(lease, result)
     return result
 

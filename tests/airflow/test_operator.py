@@ -295,13 +295,13 @@ def test_a_sanctioned_rerun_runs_once_more_audited_with_the_user(
     op = _operator(body)
     op.execute(task_context(op, logical_date=NIGHT))
     rerun = {"business_date": "2024-02-15", "exactly_once_rerun": {"reason": "INC-42 refund fix"}}
-    with psycopg.connect(plugin_env["sink"], autocommit=True) as conn:
-        conn.execute("DELETE FROM runfence.ledger")  # the fix: the sink was corrected by hand
     with LeaseStore(plugin_env["lease"]) as store:  # as the page's approve action does
         store.approve_rerun(KEY, actor="alice", reason="INC-42 refund fix")
     context = task_context(op, run_id="manual__rerun", conf=rerun, triggering_user="alice")
     assert op.execute(context) == {"charged": 5}
     assert body.calls == 2
+    # the re-run re-did every charge, once, without anyone touching the sink's ledger
+    assert sorted(c for c, _ in _charges(plugin_env["sink"])) == sorted(CUSTOMERS * 2)
     # a retry or clear inside the same re-run does not approve again
     again = task_context(
         op, run_id="manual__rerun", conf=rerun, triggering_user="alice", try_number=2

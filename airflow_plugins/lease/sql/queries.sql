@@ -98,6 +98,10 @@ WHERE NOT EXISTS (SELECT FROM finished)
   AND l.key = %(key)s::text AND l.token = %(token)s::bigint AND l.state = %(state)s::text
   AND l.holder = %(holder)s::jsonb;
 
+-- name: lease_generation
+-- The re-run generation of the lease a holder was granted (0 until a re-run is approved).
+SELECT generation FROM runlease.lease WHERE key = %(key)s AND token = %(token)s;
+
 -- name: force_release
 SELECT * FROM runlease.force_release(%(key)s, %(actor)s, %(reason)s);
 
@@ -234,17 +238,25 @@ WHERE a.datname = current_database()
 SELECT token FROM runfence.fence WHERE key = %(key)s;
 
 -- name: ledger_claim
--- One row per item that is newly claimed; an item already done under the key returns nothing.
-INSERT INTO runfence.ledger (key, item, token)
-SELECT %(key)s, item, %(token)s FROM unnest(%(items)s::text[]) AS item
-ON CONFLICT (key, item) DO NOTHING
+-- One row per item that is newly claimed; an item already done under the key (in the
+-- holder's generation: an approved re-run claims afresh) returns nothing.
+INSERT INTO runfence.ledger (key, generation, item, token)
+SELECT %(key)s, %(generation)s, item, %(token)s FROM unnest(%(items)s::text[]) AS item
+ON CONFLICT (key, generation, item) DO NOTHING
 RETURNING item;
 
 -- name: ledger_done
-SELECT item FROM runfence.ledger WHERE key = %(key)s AND item = ANY(%(items)s::text[]);
+SELECT item FROM runfence.ledger
+WHERE key = %(key)s AND generation = %(generation)s AND item = ANY(%(items)s::text[]);
+
+-- name: ledger_items
+-- Every item done under the key in a generation, by any holder: what a taken-over run's
+-- result describes.
+SELECT item FROM runfence.ledger
+WHERE key = %(key)s AND generation = %(generation)s ORDER BY item;
 
 -- name: ledger_count
-SELECT count(*) FROM runfence.ledger WHERE key = %(key)s;
+SELECT count(*) FROM runfence.ledger WHERE key = %(key)s AND generation = %(generation)s;
 
 -- name: recent_audit_outcomes
 -- Refused and blocked (held) acquires, newest first.

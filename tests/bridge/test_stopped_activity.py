@@ -1,0 +1,137 @@
+"""A bridge activity told to stop (cancelled, worker shutting down) never completes its lease,
+whatever its code returns (issue 16, item 2).
+
+Runs ``bridge.run_task`` in temporalio's ``ActivityEnvironment`` (Temporal's delivery of a
+cancellation or a worker shutdown is the boundary here, not what is tested), on the real lease
+store and sink: the assertions are the lease's state and the charges in the sink.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease import LeaseStore
+from bridge.activities import BridgeActivities
+from bridge.catalog import TaskCatalog
+from bridge.cutover import ModeStore
+from bridge.identity import task_key
+from bridge.spec import RunMode, TaskInput, TaskSpec
+from tests.airflow.conftest import conn_uri
+
+DAG_ID = "billing_bridge_stop"
+DATE = "2024-02-15"
+CUSTOMERS = [f"cust-{i}" for i in range(6)]
+
+
+def _charges(sink: str) -> list[str]:
+    with psycopg.connect(sink) as conn:
+        rows = conn.execute("SELECT customer FROM charges ORDER BY customer").fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("stop", ["cancel", "worker_shutdown"])
+def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
+    stop: str, lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
+    env = ActivityEnvironment()
+    charged_two = threading.Event()
+
+    def billing(fence: Fence) -> dict[str, int]:
+        charged = 0
+        for n, customer in enumerate(CUSTOMERS):
+            if n == 2:
+                charged_two.set()
+                assert fence.stop_event.wait(20)  # the heartbeat thread sees the stop
+            try:  # one customer's error must not stop the others: the stop is swallowed too
+                with fence.transaction() as tx:
+                    if tx.claim(customer):
+                        tx.conn.execute(
+                            "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
+                            (fence.key, customer, fence.token),
+                        )
+                        charged += 1
+            except Exception:
+                continue
+        return {"charged": charged}
+
+    catalog = TaskCatalog()
+    catalog.register(DAG_ID, "charge", billing)
+    spec = TaskSpec(task_id="charge", fenced=True, sink="sink", heartbeat_s=0.6, lease_ttl_s=5)
+    inp = TaskInput(dag_id=DAG_ID, business_date=DATE, task=spec, mode=RunMode.PRIMARY)
+    errors: list[BaseException] = []
+    with LeaseStore(lease_db, horizon_days=4000) as store:
+        activities = BridgeActivities(store, catalog, ModeStore(store))
+
+        def run() -> None:
+            try:
+                env.run(activities.run_task, inp)
+            except BaseException as exc:
+                errors.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert charged_two.wait(20)
+        signal: Callable[[], Any] = env.cancel if stop == "cancel" else env.worker_shutdown
+        signal()
+        worker.join(30)
+        assert not worker.is_alive()
+        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+    assert row is not None
+    assert row["state"] == "failed"
+    assert row["result"] is None
+    assert errors
+    assert isinstance(errors[0], ApplicationError)
+    # a cancellation may reach the code first as the SDK's CancelledError: failed all the same
+    assert errors[0].type in (
+        {"FenceStopped", "CancelledError"} if stop == "cancel" else {"FenceStopped"}
+    )
+    assert _charges(sink_db) == CUSTOMERS[:2]
+
+
+def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_again(
+    lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.airflow.test_recording_outcome import StoreOutage
+
+    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
+    outage = StoreOutage(lease_db)
+    calls: list[int] = []
+
+    def billing(fence: Fence) -> dict[str, int]:
+        calls.append(fence.token)
+        with fence.transaction() as tx:
+            for customer in tx.claim_many(CUSTOMERS):
+                tx.conn.execute(
+                    "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
+                    (fence.key, customer, fence.token),
+                )
+        outage.begin(seconds=2.0)
+        return {"charged": len(CUSTOMERS)}
+
+    catalog = TaskCatalog()
+    catalog.register(DAG_ID, "charge", billing)
+    spec = TaskSpec(task_id="charge", fenced=True, sink="sink", heartbeat_s=0.6, lease_ttl_s=5)
+    inp = TaskInput(dag_id=DAG_ID, business_date=DATE, task=spec, mode=RunMode.PRIMARY)
+    with LeaseStore(lease_db, horizon_days=4000) as store:
+        activities = BridgeActivities(store, catalog, ModeStore(store))
+        try:
+            first = ActivityEnvironment().run(activities.run_task, inp)
+        finally:
+            outage.end()
+        again = ActivityEnvironment().run(activities.run_task, inp)
+        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+    assert (first.status, first.result) == ("succeeded", {"charged": 6})
+    assert (again.status, again.result) == ("recorded", {"charged": 6})
+    assert row is not None
+    assert row["state"] == "succeeded"
+    assert len(calls) == 1
+    assert _charges(sink_db) == CUSTOMERS
