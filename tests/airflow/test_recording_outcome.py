@@ -265,6 +265,8 @@ def test_an_approved_rerun_redoes_every_effect_once_without_touching_the_ledger(
     op = _operator(charge)
     assert op.execute(task_context(op, logical_date=NIGHT)) == {"charged": 6}
     rerun = {"business_date": "2024-02-15", "exactly_once_rerun": {"reason": "INC-42 re-bill"}}
+    with LeaseStore(plugin_env["lease"]) as store:  # as the page's approve action does
+        store.approve_rerun(KEY, actor="alice", reason="INC-42 re-bill")
     ctx = task_context(op, run_id="manual__rerun", conf=rerun, triggering_user="alice")
     assert op.execute(ctx) == {"charged": 6}
     # a retry of the re-run, and a later run of the date, do not charge a third time
