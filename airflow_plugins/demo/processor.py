@@ -182,6 +182,7 @@ class PaymentProcessor:
             port = self.port
         server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         server.daemon_threads = True
+        server.block_on_close = False  # keep-alive clients must not hold up stop()
         self._server = server
         self.port = int(server.server_address[1])
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
