@@ -260,7 +260,8 @@ class ExternalCalls:
                 )
         sent = answer is None
         if answer is None:
-            answer = self._send(out, send)
+            answer = self._send(out, send, lookup)
+            sent = not isinstance(answer, _Found)
         return self._record(out, answer, record, sent)
 
     def _claim(self, out: OutgoingCall) -> dict[str, Any]:
@@ -286,9 +287,16 @@ class ExternalCalls:
             )
         return row
 
-    def _send(self, out: OutgoingCall, send: Send) -> CallAnswer:
+    def _send(self, out: OutgoingCall, send: Send, lookup: Lookup | None) -> CallAnswer:
         for attempt in range(self.retry.attempts):
             self._check()
+            if attempt > 0 and lookup is not None:
+                # the failed send may have been made: a processor that does not replay by key
+                # is asked before the item is sent again
+                found = lookup(out)
+                if found is not None:
+                    answer = checked_answer(found)
+                    return _Found(answer.state, answer.reference, answer.detail)
             try:
                 return checked_answer(send(out))
             except ProcessorUnavailable:
@@ -325,6 +333,10 @@ class ExternalCalls:
             if record is not None:
                 record(tx, result)
         return result
+
+
+class _Found(CallAnswer):
+    """An answer found by ``lookup`` rather than sent now."""
 
 
 def _recorded(item: str, row: dict[str, Any]) -> CallResult:

@@ -310,3 +310,18 @@ def test_without_protection_two_executions_charge_twice(
         )
         fence.close()
     assert per_customer(processor) == {"cust-0001": 2}
+
+
+@pytest.mark.parametrize(("lookup", "expected"), [(True, 1), (False, 2)])
+def test_a_processor_with_neither_after_a_timeout_is_reconciled_only_by_lookup(
+    store: LeaseStore, sink_db: str, lookup: bool, expected: int
+) -> None:
+    # it charged, then timed out: without idempotency keys only a lookup before the retry
+    # tells; without one the retry charges again (the README's "neither" case)
+    with PaymentProcessor(idempotency=False) as p:
+        p.faults.add("timeout_after_commit", delay=1.5)
+        ext = calls(sink_db, holder(store, "b"))
+        done = charge(ext, "cust-0001", p.url, timeout=0.5, lookup=lookup)
+        assert done.state == "accepted"
+        assert done.sent is not lookup  # found by the lookup, not sent again
+        assert per_customer(p) == {"cust-0001": expected}
