@@ -25,7 +25,16 @@ from typing import Any
 
 import psycopg
 
-_ALLOWED: contextvars.ContextVar[frozenset[tuple[str, int]] | None] = contextvars.ContextVar(
+
+class _Guard:
+    """The addresses a guarded block may reach, and the refusals it met."""
+
+    def __init__(self, allowed: frozenset[tuple[str, int]]) -> None:
+        self.allowed = allowed
+        self.refused: list[str] = []
+
+
+_GUARD: contextvars.ContextVar[_Guard | None] = contextvars.ContextVar(
     "bridge_shadow_egress", default=None
 )
 _LOCAL = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}
@@ -43,8 +52,8 @@ def _normal(host: str) -> str:
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if event != "socket.connect":
         return
-    allowed = _ALLOWED.get()
-    if allowed is None:
+    guard = _GUARD.get()
+    if guard is None:
         return
     sock, address = args
     if getattr(sock, "family", None) == socket.AF_UNIX:
@@ -52,12 +61,14 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
     if not (isinstance(address, tuple) and len(address) >= 2):
         return
     target = (_normal(str(address[0])), int(address[1]))
-    if target not in allowed:
-        raise ShadowEgressRefused(
+    if target not in guard.allowed:
+        message = (
             f"a shadow run may not connect to {target[0]}:{target[1]}: it would reach the "
             "outside world (make the call through fence.external_call, which records it in "
             "shadow, or declare the task side-effect-free)"
         )
+        guard.refused.append(message)
+        raise ShadowEgressRefused(message)
 
 
 def _install() -> None:
@@ -94,10 +105,22 @@ def allowed_addresses(sink_dsn: str | None) -> frozenset[tuple[str, int]]:
 
 @contextlib.contextmanager
 def no_egress(allowed: Iterable[tuple[str, int]]) -> Iterator[None]:
-    """Within the block (this context), outbound connections outside ``allowed`` are refused."""
+    """Within the block (this context), outbound connections outside ``allowed`` are refused.
+
+    A refusal fails the block with ``ShadowEgressRefused`` even when the body's client wrapped
+    the refusal in an error of its own (an SDK's "connection error", which it would retry) or
+    swallowed it.
+    """
     _install()
-    token = _ALLOWED.set(frozenset((_normal(h), p) for h, p in allowed))
+    guard = _Guard(frozenset((_normal(h), p) for h, p in allowed))
+    token = _GUARD.set(guard)
     try:
         yield
+    except BaseException as exc:
+        if guard.refused and not isinstance(exc, ShadowEgressRefused):
+            raise ShadowEgressRefused(guard.refused[0]) from exc
+        raise
     finally:
-        _ALLOWED.reset(token)
+        _GUARD.reset(token)
+    if guard.refused:
+        raise ShadowEgressRefused(guard.refused[0])
