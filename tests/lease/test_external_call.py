@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,16 @@ import pytest
 
 from airflow_plugins.demo.processor import PaymentProcessor
 from airflow_plugins.fence_context import Fence
-from airflow_plugins.lease import Holder, InvalidLeaseInput, Lease, LeaseStore, StaleToken
+from airflow_plugins.lease import (
+    LEASE_STORE,
+    SINK_FENCE,
+    Holder,
+    InvalidLeaseInput,
+    Lease,
+    LeaseStore,
+    StaleToken,
+    migrate,
+)
 from airflow_plugins.lease.external_call import (
     CallAnswer,
     ExternalCalls,
@@ -29,6 +39,7 @@ from airflow_plugins.lease.external_call import (
     RetryPolicy,
     recorded_calls,
 )
+from tests.conftest import create_database, drop_database
 from tests.lease.waiting import wait_for
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
@@ -39,6 +50,37 @@ KEY = "billing_nightly/charge/2024-02-15"
 DAY = "2024-02-15"
 PARAMS_1 = billing_charges.charge_params(DAY, "cust-0001")
 FAST = RetryPolicy(attempts=4, first_delay=0.01, max_delay=0.05)
+
+
+# One lease store and one sink for the module (a database per test costs seconds to drop on a
+# busy server); each test has a key of its own, so none sees another's rows.
+@pytest.fixture(scope="module")
+def sink_db() -> Iterator[str]:
+    dsn = create_database("eosink")
+    migrate(dsn, SINK_FENCE)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE charges (id bigserial PRIMARY KEY, run_key text NOT NULL, "
+            "customer text NOT NULL, token bigint, writer text)"
+        )
+    yield dsn
+    drop_database(dsn)
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[LeaseStore]:
+    dsn = create_database()
+    migrate(dsn, LEASE_STORE)
+    with LeaseStore(dsn, ttl=5.0) as s:
+        yield s
+    drop_database(dsn)
+
+
+@pytest.fixture(autouse=True)
+def _own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        sys.modules[__name__], "KEY", f"billing_{uuid.uuid4().hex[:8]}/charge/{DAY}"
+    )
 
 
 @pytest.fixture
