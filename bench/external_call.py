@@ -134,8 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
     first = workers[0]
-    one_at_a_time(first.bare, 10)  # warm both ways up (connections, caches)
-    one_at_a_time(first.fenced, 10)
+    for w in workers:  # warm every worker's both ways up (connections, caches)
+        for i in range(3):
+            w.bare(-1 - i)
+            w.fenced(-1 - i)
     lat: dict[str, list[float]] = {"bare": [], "fenced": []}
     rate: dict[str, list[float]] = {"bare": [], "fenced": []}
     per_round = max(1, items // rounds)
