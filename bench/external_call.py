@@ -90,14 +90,15 @@ def one_at_a_time(way: Callable[[int], None], items: int) -> list[float]:
     return took
 
 
-def in_flight(workers: list[Ways], name: str, items: int) -> float:
-    """Calls per second with one call in flight per worker."""
+def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> float:
+    """Calls per second with one call in flight per worker (items numbered from ``offset``,
+    new ones each round: a fenced item answered before would not be sent again)."""
     per = max(1, items // len(workers))
 
     def run(w: Ways) -> None:
         fn = getattr(w, name)
         for i in range(per):
-            fn(10_000 + i)
+            fn(offset + i)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(len(workers)) as pool:
@@ -150,7 +151,7 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
                 way(offset + i)
 
             lat[name] += one_at_a_time(numbered, per_round)
-            rate[name].append(in_flight(workers, name, per_round * 2))
+            rate[name].append(in_flight(workers, name, per_round * 2, offset + 50_000))
             print(f"round {r + 1} {name}: done", file=sys.stderr)
     p50 = {n: percentile(v, 50) for n, v in lat.items()}
     p99 = {n: percentile(v, 99) for n, v in lat.items()}
