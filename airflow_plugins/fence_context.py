@@ -36,6 +36,15 @@ from airflow_plugins.lease import (
     http_headers,
     idempotency_key,
 )
+from airflow_plugins.lease.external_call import (
+    CallResult,
+    ExternalCalls,
+    Lookup,
+    OutgoingCall,
+    Record,
+    Send,
+    checked_answer,
+)
 from airflow_plugins.lease.fence import DEFAULT_IDLE_TIMEOUT
 
 SinkConnect = Callable[[], "psycopg.Connection[Any]"]
@@ -129,6 +138,7 @@ class Fence:
         # set when check() raised FenceStopped: the body was stopped inside its work, so
         # whatever it returns afterwards (a swallowed stop) is not the key's whole work
         self.stop_raised = False
+        self._calls: ExternalCalls | None = None
 
     @classmethod
     def unprotected(
@@ -243,6 +253,53 @@ class Fence:
         if self.lease is None:
             return {"Idempotency-Key": self.idempotency_key(item)}
         return http_headers(self.key, self.token, item)
+
+    # -- external calls (a payment processor) -----------------------------------------------
+
+    def external_calls(self) -> ExternalCalls:
+        """This holder's external calls on the sink's ledger (``lease.external_call``)."""
+        if self._calls is None:
+            self._calls = ExternalCalls(
+                self.connection,
+                self.key,
+                self.token,
+                idle_timeout=self.idle_timeout,
+                check=self.check,
+                generation=self.generation,
+            )
+        return self._calls
+
+    def external_call(
+        self,
+        item: str,
+        params: dict[str, Any],
+        send: Send,
+        *,
+        lookup: Lookup | None = None,
+        record: Record | None = None,
+    ) -> CallResult:
+        """Makes ``item``'s call (a charge) once for the key, outside any transaction.
+
+        Claims the item as intended, calls ``send`` with the item's stable idempotency key and
+        this holder's token headers, records the answer (and runs ``record`` for the caller's
+        writes) in a fenced transaction. An item answered before is not sent again; one an
+        earlier holder sent is re-sent with the same key (the processor replays its answer).
+        Protection off: the call plain code makes (no idempotency key, no ledger).
+
+        Raises:
+            StaleToken: a newer holder has the key.
+            ProcessorUnavailable: the processor stayed unavailable; the item is not skipped.
+            MalformedAnswer: the processor's answer was not one.
+        """
+        if self.lease is not None:
+            return self.external_calls().call(item, params, send, lookup=lookup, record=record)
+        self.check()
+        answer = checked_answer(send(OutgoingCall(self.key, item, 0, None, dict(params))))
+        result = CallResult(item, answer.state, answer.reference, dict(answer.detail), True)
+        if record is not None:
+            with self.transaction() as tx:
+                record(tx, result)  # type: ignore[arg-type]
+        return result
 
     def close(self) -> None:
         """Closes the sink connection, if one was opened."""

@@ -35,6 +35,7 @@ from airflow_plugins.lease import (
 from bridge.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
+from bridge.egress import ShadowEgressRefused, allowed_addresses, no_egress
 from bridge.execution import business_run, run_operator, template_context
 from bridge.fencing import BridgeFence, sink_dsn
 from bridge.graph import substitute
@@ -131,7 +132,11 @@ class BridgeActivities:
         try:
             with beat, LeaseKeeper(self.store, lease, on_lost=fence.stop) as keeper:
                 fence.advance_sink_fence()
-                result = self._call(inp, fence)
+                if fence.shadow and not spec.side_effect_free:
+                    with no_egress(allowed_addresses(sink)):  # it must not reach the world
+                        result = self._call(inp, fence)
+                else:
+                    result = self._call(inp, fence)
                 keeper.check()
                 if fence.stop_raised:  # cancelled, shutting down or lost, and the stop swallowed
                     raise FenceStopped(lease.key, lease.token, fence.stop_reason or "stopped")
@@ -144,7 +149,13 @@ class BridgeActivities:
             fence.close()
         captured: dict[str, Any] = {}
         if fence.shadow:
-            captured = {"items": sorted(fence.captured_items), "rows": fence.captured_rows}
+            would_send = fence.would_send
+            captured = {
+                # the items it would have written: its rolled-back ledger rows and its calls
+                "items": sorted(fence.captured_items + [c["item"] for c in would_send]),
+                "rows": fence.captured_rows,
+                "calls": would_send,
+            }
         return TaskResult(
             "succeeded",
             lease.key,
@@ -312,6 +323,8 @@ def _as_application_error(exc: BaseException) -> ApplicationError:
         return exc
     if isinstance(exc, TaskCodeNotFound):
         return ApplicationError(str(exc), type="TaskCodeNotFound", non_retryable=True)
+    if isinstance(exc, ShadowEgressRefused):  # a shadow reaching the world fails loudly, once
+        return ApplicationError(str(exc), type="ShadowEgressRefused", non_retryable=True)
     if type(exc).__name__ in _FAIL_NOW:  # retrying cannot fix it (Airflow does not retry it)
         return ApplicationError(str(exc), type="TaskFailedNoRetry", non_retryable=True)
     if isinstance(exc, StaleToken | LeaseLost):

@@ -57,6 +57,7 @@ class _Side:
     digests: dict[str, str]
     items: dict[str, list[str]]
     pending: bool = False
+    calls: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
 def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
@@ -86,6 +87,8 @@ def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
                 "shadow_rows": Jsonb(rows),
                 "differences": Jsonb(differences),
                 "matched": not differences,
+                "primary_calls": Jsonb(primary.calls),
+                "shadow_calls": Jsonb(shadow_side.calls),
             },
         )
     return Comparison(pending=False, matched=not differences, differences=tuple(differences))
@@ -177,6 +180,9 @@ def _primary_side(store: LeaseStore, spec: DagSpec, shadow: DagRunResult) -> _Si
             side.digests[task.task_id] = digest(got[0]["result"])
         if task.sink:
             side.items[task.task_id] = _ledger_items(task.sink, [r["key"] for r in got], task)
+            calls = _external_calls(task.sink, [r["key"] for r in got])
+            if calls:
+                side.calls[task.task_id] = calls
     finished = [r["finished_at"] for r in rows if r["finished_at"] is not None]
     if rows and finished:
         start = min(r["acquired_at"] for r in rows)
@@ -192,6 +198,23 @@ def _ledger_items(sink: str, keys: list[str], task: Any) -> list[str]:
     return sorted(str(i) for _, i in rows)
 
 
+def _external_calls(sink: str, keys: list[str]) -> list[dict[str, Any]]:
+    with psycopg.connect(sink_dsn(sink), connect_timeout=10) as conn:
+        present = conn.execute(query("sink_has_external_calls")).fetchone()
+        if not (present and present[0]):
+            return []
+        rows = conn.execute(query("sink_external_calls"), {"keys": keys}).fetchall()
+    return [
+        {"item": r[1], "idempotency_key": r[2], "params": r[3], "state": r[4], "reference": r[5]}
+        for r in rows
+    ]
+
+
+def _call_set(calls: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """What a call would charge: the item, its idempotency key and its request's digest."""
+    return {(c["item"], str(c["idempotency_key"]), digest(c["params"])) for c in calls}
+
+
 def _shadow_side(shadow: DagRunResult) -> _Side:
     side = _Side(status=shadow.status, ms=shadow.duration_ms, digests={}, items={})
     for task_id, outcome in shadow.tasks.items():
@@ -199,6 +222,8 @@ def _shadow_side(shadow: DagRunResult) -> _Side:
             side.digests[task_id] = digest(outcome.result)
         if "items" in outcome.captured:
             side.items[task_id] = sorted(outcome.captured["items"])
+        if outcome.captured.get("calls"):
+            side.calls[task_id] = list(outcome.captured["calls"])
     return side
 
 
@@ -220,6 +245,18 @@ def _differences(primary: _Side, shadow: _Side) -> list[dict[str, Any]]:
                     "task": task_id,
                     "only_primary": sorted(p_items - s_items)[:MAX_LISTED],
                     "only_shadow": sorted(s_items - p_items)[:MAX_LISTED],
+                }
+            )
+    for task_id in sorted(set(primary.calls) | set(shadow.calls)):
+        p_calls = _call_set(primary.calls.get(task_id, []))
+        s_calls = _call_set(shadow.calls.get(task_id, []))
+        if p_calls != s_calls:
+            found.append(
+                {
+                    "what": "external_calls",
+                    "task": task_id,
+                    "only_primary": sorted(c[0] for c in p_calls - s_calls)[:MAX_LISTED],
+                    "only_shadow": sorted(c[0] for c in s_calls - p_calls)[:MAX_LISTED],
                 }
             )
     return found

@@ -18,7 +18,15 @@ import psycopg
 from psycopg import sql
 
 from airflow_plugins.fence_context import Fence, SinkConnect, SinkWrite
-from airflow_plugins.lease import InvalidLeaseInput, Lease, connect_sink, fenced_transaction
+from airflow_plugins.keys import SHADOW_SUFFIX
+from airflow_plugins.lease import (
+    InvalidLeaseInput,
+    Lease,
+    connect_sink,
+    fenced_transaction,
+    idempotency_key,
+)
+from airflow_plugins.lease.external_call import ExternalCalls
 from bridge.sql import query
 
 MAX_CAPTURED_ROWS = 10_000
@@ -86,6 +94,35 @@ class BridgeFence(Fence):
         self.shadow = shadow
         self.captured_items: list[str] = []
         self.captured_rows: dict[str, list[Any]] = {}
+
+    @property
+    def primary_key(self) -> str:
+        """The primary's lease key (a shadow's key without its suffix)."""
+        return self.key.removesuffix(SHADOW_SUFFIX) if self.shadow else self.key
+
+    def idempotency_key(self, item: str) -> str:
+        """The item's idempotency key: the primary's, also in shadow (one request, one key)."""
+        return idempotency_key(self.primary_key, item)
+
+    def external_calls(self) -> ExternalCalls:
+        """The external calls; in shadow they are recorded (``would_send``), never sent."""
+        if self._calls is None:
+            self._calls = ExternalCalls(
+                self.connection,
+                self.key,
+                self.token,
+                idempotency_scope=self.primary_key,
+                shadow=self.shadow,
+                idle_timeout=self.idle_timeout,
+                check=self.check,
+                generation=self.generation,
+            )
+        return self._calls
+
+    @property
+    def would_send(self) -> list[dict[str, Any]]:
+        """The requests a shadow's external calls would have sent (empty when primary)."""
+        return [] if self._calls is None else list(self._calls.would_send)
 
     def advance_sink_fence(self) -> None:
         """Raises the sink's fence before any work; a shadow leaves no trace, so not there."""

@@ -1,10 +1,13 @@
 """Nightly billing: charge each of the 340 customers once for the business date.
 
 The incident DAG. ``charge`` is an ``ExactlyOnceOperator``: its lease key is
-``billing_nightly/charge/<business date>``, and every charge is written through the sink's
-fenced transaction, so a superseded try (scheduler died, task cleared, process paused past its
-lease, a second run of the same date) is refused at the billing database, and a taken-over run
-skips the customers already charged.
+``billing_nightly/charge/<business date>``. Each customer is charged at the payment processor
+(the ``payment_processor`` connection, Stripe's API through the official SDK) with
+``fence.external_call``: the customer's stable idempotency key and the try's fencing token go
+with the call, and the processor's answer (charge id, or a decline) is recorded in the billing
+table through the sink's fence. A superseded try (scheduler died, task cleared, process paused
+past its lease, a second run of the same date) is refused at the billing database, its late
+call is a replay at the processor, and a taken-over run skips the customers already answered.
 
 Run it by hand for a given date with conf ``{"business_date": "2024-02-15"}``. Params:
 ``charge_delay`` (seconds per customer: the real run takes ~4 h; tests use milliseconds) and
@@ -20,7 +23,7 @@ from airflow.sdk import DAG, Param, task
 from billing_charges import (
     CUSTOMER_COUNT,
     SINK_CONN_ID,
-    charge_customers,
+    charge_at_processor,
     customers,
     prepare_sink,
 )
@@ -30,8 +33,8 @@ from airflow_plugins.operators import ExactlyOnceOperator
 
 
 def charge(fence: Fence, count: int, delay: float, writer: str) -> dict[str, Any]:
-    """Charges the night's customers through the fence."""
-    return charge_customers(fence, customers(int(count)), delay=float(delay), writer=writer)
+    """Charges the night's customers at the payment processor, through the fence."""
+    return charge_at_processor(fence, customers(int(count)), delay=float(delay), writer=writer)
 
 
 with DAG(

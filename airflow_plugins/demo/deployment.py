@@ -8,6 +8,7 @@ test server.
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,12 +17,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from airflow_plugins.demo.processor import ProcessorProcess
 from airflow_plugins.demo.stack import AirflowStack
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, migrate
 
 LEASE_CONN_ID = "exactly_once_leases"
 BILLING_CONN_ID = "billing_db"
 WAREHOUSE_CONN_ID = "warehouse_db"
+PROCESSOR_CONN_ID = "payment_processor"
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 # the billing database's schema is the example DAGs' own (one source of truth)
@@ -116,6 +119,7 @@ class BillingDeployment:
         self.lease_dsn = ""
         self.sink_dsn = ""
         self.stack: AirflowStack | None = None
+        self.processor: ProcessorProcess | None = None
 
     def create(self) -> AirflowStack:
         """Creates and prepares the three databases; returns the (not yet started) stack."""
@@ -127,6 +131,10 @@ class BillingDeployment:
         migrate(self.sink_dsn, SINK_FENCE)
         with psycopg.connect(self.sink_dsn, autocommit=True) as conn:
             conn.execute(BILLING_SCHEMA.read_text())
+        # the payment processor the billing DAG charges through (its own process, 127.0.0.1)
+        log = Path(tempfile.mkdtemp(prefix="eo-processor-")) / "processor.log"
+        self.processor = ProcessorProcess(log)
+        processor_url = self.processor.start()
         env = {**FAST_LEASES, "AIRFLOW__EXACTLY_ONCE__ENABLED": str(self.enabled)}
         env.update(self.extra_env)
         self.stack = AirflowStack(
@@ -137,6 +145,7 @@ class BillingDeployment:
                 BILLING_CONN_ID: airflow_uri(self.sink_dsn),
                 # the analytics/ML/webhook examples' warehouse: the same database here
                 WAREHOUSE_CONN_ID: airflow_uri(self.sink_dsn),
+                PROCESSOR_CONN_ID: processor_url,
             },
             extra_env=env,
         )
@@ -153,10 +162,22 @@ class BillingDeployment:
             names = [d.name for d in cur.description or []]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
+    def processor_charges(self, business_date: str) -> list[dict[str, Any]]:
+        """Every charge the payment processor made for ``business_date`` (its own record)."""
+        if self.processor is None:
+            return []
+        return [
+            c
+            for c in self.processor.charges()
+            if c["metadata"].get("business_date") == business_date
+        ]
+
     def destroy(self) -> None:
-        """Stops the stack and drops the three databases."""
+        """Stops the stack and the processor, and drops the three databases."""
         if self.stack is not None:
             self.stack.stop()
+        if self.processor is not None:
+            self.processor.stop()
         for dsn in (self.metadata_dsn, self.lease_dsn, self.sink_dsn):
             if dsn:
                 drop_database(self.admin_dsn, dsn)

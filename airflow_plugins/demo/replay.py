@@ -51,6 +51,8 @@ class ReplayResult:
 
     plugin: str
     charges: int
+    processor_charges: int
+    processor_customers_twice: int
     customers_charged: int
     double_charged: int
     missed: int
@@ -134,9 +136,12 @@ def replay_once(
     from_billing = _amounts(deployment)
     for name, count in per_customer.items():
         amounts[name] = (count - 1) * from_billing.get(name, 0)
+    at_processor = Counter(c["customer"] for c in deployment.processor_charges(BUSINESS_DATE))
     return ReplayResult(
         plugin=label,
         charges=len(rows),
+        processor_charges=sum(at_processor.values()),
+        processor_customers_twice=sum(1 for n in at_processor.values() if n > 1),
         customers_charged=len(per_customer),
         double_charged=sum(1 for n in per_customer.values() if n > 1),
         missed=customers - len(per_customer),
@@ -172,7 +177,11 @@ def side_by_side(without: ReplayResult, with_: ReplayResult) -> str:
     lines = [
         f"{'billing 2024-02-15, ' + str(CUSTOMERS) + ' customers':<34}"
         f"{'plugin disabled':>18}{'plugin enabled':>18}",
-        f"{'charges written':<34}{without.charges:>18}{with_.charges:>18}",
+        f"{'charges at the payment processor':<34}{without.processor_charges:>18}"
+        f"{with_.processor_charges:>18}",
+        f"{'  customers charged twice there':<34}{without.processor_customers_twice:>18}"
+        f"{with_.processor_customers_twice:>18}",
+        f"{'billing rows written':<34}{without.charges:>18}{with_.charges:>18}",
         f"{'customers charged':<34}{without.customers_charged:>18}{with_.customers_charged:>18}",
         f"{'customers charged twice or more':<34}{without.double_charged:>18}"
         f"{with_.double_charged:>18}",

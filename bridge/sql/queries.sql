@@ -29,17 +29,20 @@ RETURNING mode;
 INSERT INTO bridge.comparison (
     dag_id, business_date, primary_engine, primary_status, primary_ms, primary_digests,
     primary_items, shadow_status, shadow_ms, shadow_digests, shadow_items, shadow_rows,
-    differences, matched)
+    differences, matched, primary_calls, shadow_calls)
 VALUES (%(dag_id)s, %(business_date)s, %(primary_engine)s, %(primary_status)s, %(primary_ms)s,
         %(primary_digests)s, %(primary_items)s, %(shadow_status)s, %(shadow_ms)s,
-        %(shadow_digests)s, %(shadow_items)s, %(shadow_rows)s, %(differences)s, %(matched)s)
+        %(shadow_digests)s, %(shadow_items)s, %(shadow_rows)s, %(differences)s, %(matched)s,
+        %(primary_calls)s, %(shadow_calls)s)
 ON CONFLICT (dag_id, business_date) DO UPDATE SET
     primary_engine = excluded.primary_engine, primary_status = excluded.primary_status,
     primary_ms = excluded.primary_ms, primary_digests = excluded.primary_digests,
     primary_items = excluded.primary_items, shadow_status = excluded.shadow_status,
     shadow_ms = excluded.shadow_ms, shadow_digests = excluded.shadow_digests,
     shadow_items = excluded.shadow_items, shadow_rows = excluded.shadow_rows,
-    differences = excluded.differences, matched = excluded.matched, compared_at = now();
+    differences = excluded.differences, matched = excluded.matched,
+    primary_calls = excluded.primary_calls, shadow_calls = excluded.shadow_calls,
+    compared_at = now();
 
 -- name: comparison_get
 SELECT * FROM bridge.comparison WHERE dag_id = %(dag_id)s AND business_date = %(business_date)s;
@@ -57,6 +60,14 @@ FROM runlease.lease WHERE key = ANY(%(keys)s) OR key LIKE ANY(%(prefixes)s);
 
 -- name: sink_ledger_items
 SELECT key, item FROM runfence.ledger WHERE key = ANY(%(keys)s) ORDER BY key, item;
+
+-- name: sink_external_calls
+-- The primary's external calls (a sink without the external-call ledger has none).
+SELECT key, item, idempotency_key, request, state, reference
+FROM runfence.external_call WHERE key = ANY(%(keys)s) ORDER BY key, item;
+
+-- name: sink_has_external_calls
+SELECT to_regclass('runfence.external_call') IS NOT NULL;
 
 -- name: sink_tables
 -- The sink's own tables a shadow transaction may have written (the fence's are left out).

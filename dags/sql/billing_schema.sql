@@ -14,3 +14,7 @@ CREATE TABLE IF NOT EXISTS billing.charges (
 );
 
 CREATE INDEX IF NOT EXISTS charges_by_date ON billing.charges (business_date, customer);
+
+-- What the payment processor answered for the charge: its charge id, or a decline.
+ALTER TABLE billing.charges ADD COLUMN IF NOT EXISTS outcome text NOT NULL DEFAULT 'charged';
+ALTER TABLE billing.charges ADD COLUMN IF NOT EXISTS processor_ref text;

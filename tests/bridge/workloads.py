@@ -54,3 +54,35 @@ def total(charged: dict[str, Any]) -> int:
 def cents_from_env() -> int:
     """The amount the diverging shadow run charges (set per worker)."""
     return int(os.environ.get("BRIDGE_TEST_CENTS", "100"))
+
+
+def _billing_charges() -> Any:
+    import sys
+    from pathlib import Path
+
+    dags = str(Path(__file__).resolve().parents[2] / "dags")
+    if dags not in sys.path:
+        sys.path.insert(0, dags)
+    import billing_charges
+
+    return billing_charges
+
+
+def charge_at_processor(fence: Fence, customers: list[str]) -> dict[str, Any]:
+    """The example DAG's charge at the payment processor (``AIRFLOW_CONN_PAYMENT_PROCESSOR``)."""
+    result: dict[str, Any] = _billing_charges().charge_at_processor(
+        fence, customers, delay=0.0, writer="bridge"
+    )
+    return result
+
+
+def charge_around_the_fence(fence: Fence, customers: list[str]) -> dict[str, Any]:
+    """Charges with the SDK directly, not through the fence: what a shadow must never do."""
+    from airflow_plugins.lease.external_call import OutgoingCall
+
+    bc = _billing_charges()
+    send = bc.stripe_sender(bc.stripe_client(bc.payment_api_base()))
+    for customer in customers:
+        params = bc.charge_params(fence.business_date, customer)
+        send(OutgoingCall(fence.key, customer, fence.token, None, params))
+    return {"charged": len(customers)}

@@ -46,6 +46,11 @@ def test_demo_shows_double_charges_without_the_plugin_and_none_with_it() -> None
     assert without["charges"] > 340
     assert without["duplicate_cents"] > 0
     assert with_["charges"] == 340
+    # the incident's own metric: charges created at the payment processor
+    assert with_["processor_charges"] == 340
+    assert with_["processor_customers_twice"] == 0
+    assert without["processor_charges"] > 340
+    assert without["processor_customers_twice"] > 0
     assert with_["double_charged"] == 0
     assert with_["missed"] == 0
     assert with_["duplicate_cents"] == 0

@@ -327,6 +327,10 @@ class AirflowHarness:
         """The billing database's charge rows for ``business_date`` (oldest first)."""
         return self.deployment.charges(business_date)
 
+    def processor_charges(self, business_date: str) -> list[dict[str, Any]]:
+        """The charges the payment processor made for ``business_date`` (oldest first)."""
+        return self.deployment.processor_charges(business_date)
+
     @contextlib.contextmanager
     def lease_store(self) -> Iterator[LeaseStore]:
         """A lease store client on the stack's lease database."""

@@ -151,3 +151,13 @@ def test_the_round_trips_bench_times_each_way_on_both_loads_and_cleans_up() -> N
             "SELECT datname FROM pg_database WHERE datname LIKE 'eo_bench_round_trips%'"
         ).fetchall()
     assert left == []
+
+
+def test_the_external_call_bench_runs_on_tiny_sizes() -> None:
+    result = run_bench(
+        Path(__file__).parents[2] / "bench" / "external_call.py",
+        *("--dsn", ADMIN_DSN, "--items", "16", "--rounds", "2"),
+    )
+    assert result["items_per_way"] == 16
+    assert set(result["p50_ms"]) == set(result["calls_per_s"]) == {"bare", "fenced"}
+    assert result["throughput_ratio"] > 0

@@ -267,3 +267,34 @@ WHERE outcome = ANY(%(outcomes)s::text[])
   AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
 ORDER BY at DESC
 LIMIT %(limit)s;
+
+-- name: external_call_claim
+-- Claims an item as intended (a new row, sends 1), or takes over the intended row an earlier
+-- holder left (sends + 1: every claim is a send that may reach the processor). Nothing comes
+-- back when the item's answer is recorded already.
+INSERT INTO runfence.external_call AS c (key, generation, item, idempotency_key, request, token,
+                                         sends)
+VALUES (%(key)s, %(generation)s, %(item)s, %(idempotency_key)s, %(request)s, %(token)s, 1)
+ON CONFLICT (key, generation, item) DO UPDATE SET token = excluded.token, sends = c.sends + 1
+WHERE c.state = 'intended'
+RETURNING state, request, reference, answer, sends,
+          extract(epoch FROM clock_timestamp() - intended_at)::float8 AS age_s;
+
+-- name: external_call_get
+SELECT state, request, reference, answer, sends,
+       extract(epoch FROM clock_timestamp() - intended_at)::float8 AS age_s
+FROM runfence.external_call
+WHERE key = %(key)s AND generation = %(generation)s AND item = %(item)s;
+
+-- name: external_call_answer
+-- Records the processor's answer; no row comes back when it was recorded already.
+UPDATE runfence.external_call
+SET state = %(state)s, reference = %(reference)s, answer = %(answer)s, token = %(token)s,
+    answered_at = clock_timestamp()
+WHERE key = %(key)s AND generation = %(generation)s AND item = %(item)s AND state = 'intended'
+RETURNING item;
+
+-- name: external_calls_of
+-- The recorded external calls of some keys (the comparison, the demo).
+SELECT key, item, idempotency_key, request, state, reference, sends
+FROM runfence.external_call WHERE key = ANY(%(keys)s::text[]) ORDER BY key, generation, item;

@@ -1,8 +1,9 @@
 """Scenario twins of ``billing_nightly`` for the end-to-end tests (tests-only DAG bundle).
 
 * ``billing_nightly_unprotected``: the same charge body as ``billing_nightly`` run the way the
-  plugin runs it when ``[exactly_once] enabled = False`` (``Fence.unprotected``: a plain
-  transaction per customer): plain Airflow.
+  plugin runs it when ``[exactly_once] enabled = False`` (``Fence.unprotected``: a plain call
+  to the payment processor with no idempotency key, a plain transaction per customer): plain
+  Airflow.
 * ``billing_nightly_tagged``: a plain ``@task`` (resumable: it skips customers already charged
   for the date) in a DAG tagged ``exactly-once``: protected only by the cluster policy.
 * ``billing_nightly_untagged``: the same task and code without the tag: plain Airflow.
@@ -20,7 +21,7 @@ from airflow.sdk import DAG, Param, get_current_context, task
 from billing_charges import (
     CUSTOMER_COUNT,
     SINK_CONN_ID,
-    charge_customers,
+    charge_at_processor,
     charge_unless_charged,
     customers,
 )
@@ -63,7 +64,7 @@ with DAG(
             lambda: psycopg.connect(dsn),
         )
         try:
-            return charge_customers(
+            return charge_at_processor(
                 fence,
                 customers(int(params["customers"])),
                 delay=float(params["charge_delay"]),

@@ -1,0 +1,373 @@
+"""The HTTP side of the fence: one external call per item (a charge), made once per key and item.
+
+The fence cannot refuse an HTTP call after it left, and a call made inside a fenced transaction
+would hold the key's fence row for the whole round trip (every item of the key waits) and be
+forgotten on rollback. So a call is three steps, the call outside any transaction:
+
+1. **claim** the item as *intended* in one fenced transaction: a row in ``runfence.external_call``
+   with the request and the item's idempotency key (the same for every holder of the key; a
+   holder taking over an intended item takes the row, counting one more send);
+2. **send** the request with that idempotency key and the holder's ``X-Fencing-Token`` /
+   ``X-Lease-Key`` (retried with the same key while the processor is unavailable);
+3. **record** the processor's answer (its reference, or a decline) in another fenced transaction,
+   with the caller's own business writes; the item is then done and never sent again.
+
+The window between 1 and 3 (a holder frozen after the processor accepted, before its record) is
+closed by the processor: one that honours idempotency keys replays the first answer to the next
+holder's re-send; one that checks fencing tokens refuses the frozen holder's late call (and a
+``lookup`` made with the newer token finds what the older one did). See the README for what a
+processor with neither can be promised.
+
+In shadow mode nothing is sent and nothing is written: the request the call would have made is
+kept in ``would_send`` for the comparison with the primary's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseError, StaleToken
+from airflow_plugins.lease.fence import (
+    DEFAULT_IDLE_TIMEOUT,
+    FencedWrite,
+    _check_item,
+    fenced_transaction,
+    idempotency_key,
+)
+from airflow_plugins.lease.queries import query
+
+# Stripe prunes idempotency keys once they are 24 h old; an item intended longer ago than this
+# is not re-sent blindly (the processor may have forgotten the key): it needs a lookup.
+DEFAULT_REPLAY_WINDOW_S = 23 * 3600.0
+
+
+class ProcessorUnavailable(LeaseError):
+    """The processor did not answer (down, timed out, 5xx, the key's first request in flight).
+
+    The call's fate may be unknown: the item stays intended and is re-sent with the same
+    idempotency key later (a retry, or the next try). It is never skipped.
+    """
+
+
+class MalformedAnswer(LeaseError):
+    """The processor answered something that is not an answer; the item stays intended."""
+
+
+class ProcessorRefusedToken(StaleToken):
+    """A token-checking processor refused the call: a newer holder has called under the key."""
+
+
+class NeedsReconciliation(LeaseError):
+    """An item was intended longer ago than the processor keeps idempotency keys and there is
+    no ``lookup``: re-sending could act twice, so a person must check the processor first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OutgoingCall:
+    """The request one item's call makes: what ``send`` (and ``lookup``) receive.
+
+    ``idempotency_key`` is None only when protection is switched off (plain code's call).
+    """
+
+    key: str
+    item: str
+    token: int
+    idempotency_key: str | None
+    params: dict[str, Any]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The fence's headers for this call (none when protection is off)."""
+        if self.idempotency_key is None:
+            return {}
+        return {
+            "Idempotency-Key": self.idempotency_key,
+            "X-Fencing-Token": str(self.token),
+            "X-Lease-Key": self.key,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class CallAnswer:
+    """What the processor answered, as ``send`` reports it.
+
+    Build it with ``CallAnswer.accepted(reference)`` or ``CallAnswer.declined(reason)``.
+    """
+
+    state: Literal["accepted", "declined"]
+    reference: str | None = None
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def accepted(cls, reference: str, **detail: Any) -> CallAnswer:
+        """The processor did it; ``reference`` is its id (a charge id)."""
+        return cls("accepted", reference, detail)
+
+    @classmethod
+    def declined(cls, reason: str, reference: str | None = None, **detail: Any) -> CallAnswer:
+        """The processor refused the item for good (a declined card): its recorded outcome."""
+        return cls("declined", reference, {"reason": reason, **detail})
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+    """One item's outcome.
+
+    Attributes:
+        state: ``accepted``, ``declined``, or ``shadow`` (not sent: a shadow run).
+        reference: the processor's id for it.
+        sent: this call sent the request now (False: recorded before, or shadow).
+    """
+
+    item: str
+    state: Literal["accepted", "declined", "shadow"]
+    reference: str | None
+    detail: dict[str, Any]
+    sent: bool
+
+
+Send = Callable[[OutgoingCall], CallAnswer]
+Lookup = Callable[[OutgoingCall], CallAnswer | None]
+Record = Callable[[FencedWrite, CallResult], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How often an unavailable processor is asked again within one holder (same key)."""
+
+    attempts: int = 5
+    first_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
+        return float(min(self.max_delay, self.first_delay * 2**attempt))
+
+
+def checked_answer(answer: object) -> CallAnswer:
+    """``answer`` if it is a usable answer.
+
+    Raises:
+        MalformedAnswer: not a ``CallAnswer``, or accepted without a reference.
+    """
+    if not isinstance(answer, CallAnswer) or answer.state not in ("accepted", "declined"):
+        raise MalformedAnswer(f"send returned {type(answer).__name__}, not a CallAnswer")
+    if answer.state == "accepted" and not (isinstance(answer.reference, str) and answer.reference):
+        raise MalformedAnswer("the processor accepted the call but gave no reference")
+    return answer
+
+
+class ExternalCalls:
+    """One holder's external calls under one lease key.
+
+    Args:
+        connect: the sink connection (autocommit; the ledger lives in the sink's database).
+        key: the lease key.
+        token: the holder's fencing token.
+        idempotency_scope: the key idempotency keys are built from (a shadow's primary key).
+        shadow: record what would be sent instead of sending.
+        check: called before each step; raises when the holder must stop.
+        generation: the lease's re-run generation (``Lease.generation``): an approved re-run
+            calls each item once more, with idempotency keys of its own.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        key: str,
+        token: int,
+        *,
+        idempotency_scope: str | None = None,
+        shadow: bool = False,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        replay_window_s: float = DEFAULT_REPLAY_WINDOW_S,
+        check: Callable[[], None] = lambda: None,
+        sleep: Callable[[float], None] = time.sleep,
+        generation: int = 0,
+    ) -> None:
+        self._connect = connect
+        self.key = key
+        self.token = token
+        self.scope = idempotency_scope or key
+        self.shadow = shadow
+        self.idle_timeout = idle_timeout
+        self.retry = retry or RetryPolicy()
+        self.replay_window_s = replay_window_s
+        self._check = check
+        self._sleep = sleep
+        self.would_send: list[dict[str, Any]] = []
+        self.generation = generation
+
+    def outgoing(self, item: str, params: dict[str, Any]) -> OutgoingCall:
+        """The request ``call`` would make for ``item``."""
+        return OutgoingCall(
+            key=self.key,
+            item=_check_item(item),
+            token=self.token,
+            # generation 0 keeps the keys every holder used before re-runs existed
+            idempotency_key=idempotency_key(
+                self.scope, item if self.generation == 0 else f"{item}#{self.generation}"
+            ),
+            params=_json_params(params),
+        )
+
+    def call(
+        self,
+        item: str,
+        params: dict[str, Any],
+        send: Send,
+        *,
+        lookup: Lookup | None = None,
+        record: Record | None = None,
+    ) -> CallResult:
+        """Makes ``item``'s call once for the key: claim, send, record.
+
+        ``send`` makes the request with ``call.idempotency_key`` and ``call.headers`` and maps
+        the processor's reply: a ``CallAnswer``, or ``ProcessorUnavailable`` (retried),
+        ``ProcessorRefusedToken`` (superseded), any other error (the item stays intended).
+        ``lookup`` (optional) asks the processor whether an earlier send of the item was made;
+        it is used when an earlier holder may have sent it. ``record`` runs in the answer's
+        fenced transaction, for the caller's own writes.
+
+        Raises:
+            StaleToken: a newer holder has the key (at the sink, or at the processor).
+            ProcessorUnavailable: still unavailable after the retries; the item is not skipped.
+            MalformedAnswer: the processor's answer was not one; the item stays intended.
+            NeedsReconciliation: see the class.
+        """
+        out = self.outgoing(item, params)
+        if self.shadow:
+            self.would_send.append(
+                {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
+            )
+            return CallResult(out.item, "shadow", None, {}, sent=False)
+        self._check()
+        row = self._claim(out)
+        if row["state"] != "intended":
+            return _recorded(out.item, row)
+        answer = None
+        if row["sends"] > 1:  # an earlier holder (or try) may have reached the processor
+            if lookup is not None:
+                answer = lookup(out)
+                answer = None if answer is None else checked_answer(answer)
+            elif float(row["age_s"]) > self.replay_window_s:
+                raise NeedsReconciliation(
+                    f"{self.key}: {out.item!r} was intended {float(row['age_s']) / 3600:.1f} h "
+                    "ago, longer than the processor keeps idempotency keys; check the processor "
+                    "for it before running again"
+                )
+        sent = answer is None
+        if answer is None:
+            answer = self._send(out, send, lookup)
+            sent = not isinstance(answer, _Found)
+        return self._record(out, answer, record, sent)
+
+    def _claim(self, out: OutgoingCall) -> dict[str, Any]:
+        conn = self._connect()
+        with fenced_transaction(
+            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
+        ):
+            args = {
+                "key": self.key,
+                "generation": self.generation,
+                "item": out.item,
+                "idempotency_key": out.idempotency_key,
+                "request": Jsonb(out.params),
+                "token": self.token,
+            }
+            with conn.cursor(row_factory=dict_row) as cur:
+                row = cur.execute(query("external_call_claim"), args).fetchone()
+                if row is None:  # answered already: nothing to send
+                    row = cur.execute(query("external_call_get"), args).fetchone()
+        assert row is not None
+        if row["state"] == "intended" and row["request"] != out.params:
+            raise InvalidLeaseInput(
+                f"{self.key}: {out.item!r} was intended with other parameters than this call's; "
+                "an item's request must not change between holders (its idempotency key would "
+                "be refused)"
+            )
+        return row
+
+    def _send(self, out: OutgoingCall, send: Send, lookup: Lookup | None) -> CallAnswer:
+        for attempt in range(self.retry.attempts):
+            self._check()
+            if attempt > 0 and lookup is not None:
+                # the failed send may have been made: a processor that does not replay by key
+                # is asked before the item is sent again
+                found = lookup(out)
+                if found is not None:
+                    answer = checked_answer(found)
+                    return _Found(answer.state, answer.reference, answer.detail)
+            try:
+                return checked_answer(send(out))
+            except ProcessorUnavailable:
+                if attempt + 1 >= self.retry.attempts:
+                    raise
+                self._sleep(self.retry.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _record(
+        self, out: OutgoingCall, answer: CallAnswer, record: Record | None, sent: bool
+    ) -> CallResult:
+        result = CallResult(out.item, answer.state, answer.reference, dict(answer.detail), sent)
+        conn = self._connect()
+        with fenced_transaction(
+            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
+        ) as tx:
+            got = conn.execute(
+                query("external_call_answer"),
+                {
+                    "key": self.key,
+                    "generation": self.generation,
+                    "item": out.item,
+                    "state": answer.state,
+                    "reference": answer.reference,
+                    "answer": Jsonb(answer.detail),
+                    "token": self.token,
+                },
+            ).fetchone()
+            if got is None:  # recorded meanwhile (cannot happen under the fence; be exact)
+                with conn.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(
+                        query("external_call_get"),
+                        {"key": self.key, "generation": self.generation, "item": out.item},
+                    ).fetchone()
+                assert row is not None
+                return _recorded(out.item, row)
+            tx.claim(out.item)  # the item is done: the sink's ledger says so, as for SQL writes
+            if record is not None:
+                record(tx, result)
+        return result
+
+
+class _Found(CallAnswer):
+    """An answer found by ``lookup`` rather than sent now."""
+
+
+def _recorded(item: str, row: dict[str, Any]) -> CallResult:
+    return CallResult(item, row["state"], row["reference"], dict(row["answer"] or {}), sent=False)
+
+
+def _json_params(params: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(params, dict):
+        raise InvalidLeaseInput("an external call's params are a dict")
+    try:
+        normal: dict[str, Any] = json.loads(json.dumps(params, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise InvalidLeaseInput(f"an external call's params must be JSON: {exc}") from exc
+    return normal
+
+
+def recorded_calls(conn: psycopg.Connection[Any], keys: list[str]) -> list[dict[str, Any]]:
+    """The external calls recorded under ``keys`` at a sink (item, request, state, reference)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(query("external_calls_of"), {"keys": keys}).fetchall())

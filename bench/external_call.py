@@ -1,0 +1,178 @@
+"""What the fence adds to each external call: fenced vs bare SDK calls to the same processor.
+
+    .venv/bin/python bench/external_call.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+                                            [--items 200] [--rounds 3]
+
+It starts the stand-in payment processor on 127.0.0.1 (in its own process, so its CPU is not
+counted in ours), makes a lease store and a sink in new databases of the server (dropped at the
+end), and charges ``--items`` customers each way, in alternating rounds:
+
+* ``bare``: the stripe SDK's PaymentIntent create with an idempotency key, nothing else;
+* ``fenced``: ``ExternalCalls.call`` under a held lease: the intended claim (a fenced
+  transaction), the same SDK call with the fence's headers, the answer's fenced record.
+
+First one call at a time (latency per item: p50 / p99, and the p50 the fence adds), then 8 calls
+in flight (8 threads, each with its own sink connection and keys; throughput, and the fenced
+over the bare ratio). The last line of stdout is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dags"))
+import billing_charges
+
+from airflow_plugins.demo.deployment import create_database, drop_database
+from airflow_plugins.demo.processor import ProcessorProcess
+from airflow_plugins.lease import (
+    LEASE_STORE,
+    SINK_FENCE,
+    Holder,
+    LeaseStore,
+    migrate,
+)
+from airflow_plugins.lease.external_call import ExternalCalls, OutgoingCall
+
+IN_FLIGHT = 8
+DAY = "2024-02-15"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class Ways:
+    """The two ways of making one item's call, for one worker (its own client and connection)."""
+
+    def __init__(self, url: str, store: LeaseStore, sink: str, worker: int) -> None:
+        self.client = billing_charges.stripe_client(url)
+        self.send = billing_charges.stripe_sender(self.client)
+        self.conn = psycopg.connect(sink, autocommit=True)
+        key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}-{worker}"
+        lease = store.acquire(key, Holder.process(f"bench-{worker}"), ttl=600).lease
+        self.calls = ExternalCalls(lambda: self.conn, lease.key, lease.token)
+        self.prefix = uuid.uuid4().hex[:8]
+
+    def bare(self, i: int) -> None:
+        item = f"{self.prefix}-bare-{i}"
+        params = billing_charges.charge_params(DAY, item)
+        self.send(OutgoingCall("bench", item, 1, uuid.uuid4().hex, params))
+
+    def fenced(self, i: int) -> None:
+        item = f"{self.prefix}-fenced-{i}"
+        self.calls.call(item, billing_charges.charge_params(DAY, item), self.send)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def one_at_a_time(way: Callable[[int], None], items: int) -> list[float]:
+    """Milliseconds per call, one call at a time."""
+    took = []
+    for i in range(items):
+        start = time.perf_counter()
+        way(i)
+        took.append((time.perf_counter() - start) * 1000)
+    return took
+
+
+def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> float:
+    """Calls per second with one call in flight per worker (items numbered from ``offset``,
+    new ones each round: a fenced item answered before would not be sent again)."""
+    per = max(1, items // len(workers))
+
+    def run(w: Ways) -> None:
+        fn = getattr(w, name)
+        for i in range(per):
+            fn(offset + i)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(workers)) as pool:
+        list(pool.map(run, workers))
+    return per * len(workers) / (time.perf_counter() - start)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    processor = ProcessorProcess(Path(tempfile.mkdtemp(prefix="eo-bench-")) / "processor.log")
+    url = processor.start()
+    lease_dsn = create_database(args.dsn, "eo_bench_leases")
+    sink_dsn = create_database(args.dsn, "eo_bench_sink")
+    workers: list[Ways] = []
+    try:
+        migrate(lease_dsn, LEASE_STORE)
+        migrate(sink_dsn, SINK_FENCE)
+        with LeaseStore(lease_dsn) as store:
+            workers = [Ways(url, store, sink_dsn, n) for n in range(IN_FLIGHT)]
+            result = _measure(workers, args.items, args.rounds)
+    finally:
+        for w in workers:
+            w.close()
+        processor.stop()
+        drop_database(args.dsn, lease_dsn)
+        drop_database(args.dsn, sink_dsn)
+    print(json.dumps(result))
+    return 0
+
+
+def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
+    first = workers[0]
+    for w in workers:  # warm every worker's both ways up (connections, caches)
+        for i in range(3):
+            w.bare(-1 - i)
+            w.fenced(-1 - i)
+    lat: dict[str, list[float]] = {"bare": [], "fenced": []}
+    rate: dict[str, list[float]] = {"bare": [], "fenced": []}
+    per_round = max(1, items // rounds)
+    for r in range(rounds):
+        for name in ("bare", "fenced") if r % 2 == 0 else ("fenced", "bare"):
+            way: Callable[[int], None] = getattr(first, name)
+            offset = r * 100_000
+
+            def numbered(i: int, way: Callable[[int], None] = way, offset: int = offset) -> None:
+                way(offset + i)
+
+            lat[name] += one_at_a_time(numbered, per_round)
+            rate[name].append(in_flight(workers, name, per_round * 2, offset + 50_000))
+            print(f"round {r + 1} {name}: done", file=sys.stderr)
+    p50 = {n: percentile(v, 50) for n, v in lat.items()}
+    p99 = {n: percentile(v, 99) for n, v in lat.items()}
+    throughput = {n: sum(v) / len(v) for n, v in rate.items()}
+    result = {
+        "items_per_way": len(lat["bare"]),
+        "p50_ms": {n: round(v, 2) for n, v in p50.items()},
+        "p99_ms": {n: round(v, 2) for n, v in p99.items()},
+        "p50_added_ms": round(p50["fenced"] - p50["bare"], 2),
+        "in_flight": IN_FLIGHT,
+        "calls_per_s": {n: round(v, 1) for n, v in throughput.items()},
+        "throughput_ratio": round(throughput["fenced"] / throughput["bare"], 3),
+    }
+    print(
+        f"p50 per call: bare {p50['bare']:.2f} ms, fenced {p50['fenced']:.2f} ms "
+        f"(+{result['p50_added_ms']} ms); at {IN_FLIGHT} in flight: bare "
+        f"{throughput['bare']:.0f}/s, fenced {throughput['fenced']:.0f}/s, "
+        f"ratio {result['throughput_ratio']}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

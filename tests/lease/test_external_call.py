@@ -1,0 +1,391 @@
+"""The external-call API on real components: the lease store, the sink, the processor, the SDK.
+
+Each test counts what a user would count: the charges the payment processor made, and what the
+sink's ledger recorded for each customer. No Airflow here (lease level).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from airflow_plugins.demo.processor import PaymentProcessor
+from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease import (
+    LEASE_STORE,
+    SINK_FENCE,
+    Holder,
+    InvalidLeaseInput,
+    Lease,
+    LeaseStore,
+    StaleToken,
+    migrate,
+)
+from airflow_plugins.lease.external_call import (
+    CallAnswer,
+    ExternalCalls,
+    MalformedAnswer,
+    NeedsReconciliation,
+    OutgoingCall,
+    ProcessorRefusedToken,
+    ProcessorUnavailable,
+    RetryPolicy,
+    recorded_calls,
+)
+from tests.conftest import create_database, drop_database
+from tests.lease.waiting import wait_for
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+sys.path.insert(0, str(DAGS))
+import billing_charges  # noqa: E402
+
+KEY = "billing_nightly/charge/2024-02-15"
+DAY = "2024-02-15"
+PARAMS_1 = billing_charges.charge_params(DAY, "cust-0001")
+FAST = RetryPolicy(attempts=4, first_delay=0.01, max_delay=0.05)
+
+
+# One lease store and one sink for the module (a database per test costs seconds to drop on a
+# busy server); each test has a key of its own, so none sees another's rows.
+@pytest.fixture(scope="module")
+def sink_db() -> Iterator[str]:
+    dsn = create_database("eosink")
+    migrate(dsn, SINK_FENCE)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE charges (id bigserial PRIMARY KEY, run_key text NOT NULL, "
+            "customer text NOT NULL, token bigint, writer text)"
+        )
+    yield dsn
+    drop_database(dsn)
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[LeaseStore]:
+    dsn = create_database()
+    migrate(dsn, LEASE_STORE)
+    with LeaseStore(dsn, ttl=5.0) as s:
+        yield s
+    drop_database(dsn)
+
+
+@pytest.fixture(autouse=True)
+def _own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        sys.modules[__name__], "KEY", f"billing_{uuid.uuid4().hex[:8]}/charge/{DAY}"
+    )
+
+
+@pytest.fixture
+def processor() -> Iterator[PaymentProcessor]:
+    with PaymentProcessor() as p:
+        yield p
+
+
+def holder(store: LeaseStore, name: str) -> Lease:
+    """A lease on KEY for ``name`` ("a": a short one, soon expired), taken over from an
+    earlier holder once that one's lease has expired."""
+    ttl = 0.3 if name == "a" else 30.0
+
+    def granted() -> Lease | None:
+        got = store.acquire(KEY, Holder.process(name), ttl=ttl)
+        return got.lease if got.granted else None
+
+    return wait_for(granted, timeout=10, every=0.1)
+
+
+OPEN: list[psycopg.Connection[Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_connections(sink_db: str) -> Iterator[None]:
+    # before the sink database is dropped: a forced drop waits for the sessions it ends
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
+
+def calls(sink_db: str, lease: Lease, **kw: Any) -> ExternalCalls:
+    """A holder's external calls on its own sink connection (closed after the test)."""
+    conn = psycopg.connect(sink_db, autocommit=True)
+    OPEN.append(conn)
+    return ExternalCalls(
+        lambda: conn, lease.key, lease.token, retry=FAST, generation=lease.generation, **kw
+    )
+
+
+def charge(
+    ext: ExternalCalls, customer: str, url: str, *, timeout: float = 5.0, lookup: bool = False
+) -> Any:
+    client = billing_charges.stripe_client(url, timeout=timeout)
+    return ext.call(
+        customer,
+        billing_charges.charge_params(DAY, customer),
+        billing_charges.stripe_sender(client),
+        lookup=billing_charges.stripe_lookup(client) if lookup else None,
+        record=record_charge,
+    )
+
+
+def record_charge(tx: Any, result: Any) -> None:
+    tx.conn.execute(
+        "INSERT INTO charges (run_key, customer, token, writer) VALUES (%s, %s, %s, %s)",
+        (tx.key, result.item, tx.token, result.reference or result.state),
+    )
+
+
+def per_customer(processor: PaymentProcessor) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in processor.charges():
+        counts[c["customer"]] = counts.get(c["customer"], 0) + 1
+    return counts
+
+
+def ledger(sink_db: str) -> dict[str, dict[str, Any]]:
+    with psycopg.connect(sink_db, autocommit=True) as conn:
+        return {r["item"]: r for r in recorded_calls(conn, [KEY])}
+
+
+def test_each_customer_is_charged_once_and_its_charge_id_recorded(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    lease = holder(store, "b")
+    ext = calls(sink_db, lease)
+    names = [f"cust-{i:04d}" for i in range(1, 6)]
+    first = [charge(ext, c, processor.url) for c in names]
+    again = [charge(ext, c, processor.url) for c in names]  # a retry of the whole body
+    assert all(r.sent and r.state == "accepted" for r in first)
+    assert not any(r.sent for r in again)
+    assert per_customer(processor) == dict.fromkeys(names, 1)
+    recorded = ledger(sink_db)
+    assert {c: recorded[c]["reference"] for c in names} == {
+        c["customer"]: c["id"] for c in processor.charges()
+    }
+    keys = {c["idempotency_key"] for c in processor.charges()}
+    assert keys == {recorded[c]["idempotency_key"] for c in names}
+
+
+def test_a_holder_frozen_after_the_processor_accepted_is_replayed_not_charged_again(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    a = holder(store, "a")
+    accepted, resume = threading.Event(), threading.Event()
+    real = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+
+    def frozen_after_send(call: OutgoingCall) -> CallAnswer:
+        answer = real(call)
+        accepted.set()
+        resume.wait(30)  # the processor has charged; the answer is not recorded yet
+        return answer
+
+    old = calls(sink_db, a)
+    errors: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            old.call("cust-0001", PARAMS_1, frozen_after_send)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    assert accepted.wait(30)
+    b = holder(store, "b")
+    taken = charge(calls(sink_db, b), "cust-0001", processor.url)
+    resume.set()
+    thread.join(30)
+    assert taken.state == "accepted"
+    assert taken.reference == processor.charges()[0]["id"]  # the replayed first answer
+    assert [type(e) for e in errors] == [StaleToken]  # the frozen holder's record is refused
+    assert per_customer(processor) == {"cust-0001": 1}
+    assert ledger(sink_db)["cust-0001"]["sends"] == 2
+
+
+@pytest.mark.parametrize("kind", ["idempotency", "tokens"])
+def test_a_late_request_is_replayed_or_refused(store: LeaseStore, sink_db: str, kind: str) -> None:
+    with PaymentProcessor(idempotency=kind == "idempotency", check_tokens=kind == "tokens") as p:
+        a = holder(store, "a")
+        old = calls(sink_db, a)
+        intended = old.outgoing("cust-0001", billing_charges.charge_params(DAY, "cust-0001"))
+        old._claim(intended)  # claimed, then frozen before it sent
+        b = holder(store, "b")
+        done = charge(calls(sink_db, b), "cust-0001", p.url, lookup=kind == "tokens")
+        assert done.state == "accepted"
+        late = billing_charges.stripe_sender(billing_charges.stripe_client(p.url))
+        if kind == "idempotency":
+            replay = late(intended)  # the frozen holder's request, sent at last
+            assert replay.reference == done.reference
+        else:
+            with pytest.raises(ProcessorRefusedToken):
+                late(intended)
+            assert p.refused()[0]["token"] == a.token
+        assert per_customer(p) == {"cust-0001": 1}
+
+
+def test_timeout_after_the_charge_and_500s_end_with_one_charge_each(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    processor.faults.add("timeout_after_commit", customers=["cust-0001"], delay=1.5)
+    processor.faults.add("error_500", customers=["cust-0002"], times=2)
+    ext = calls(sink_db, holder(store, "b"))
+    results = [charge(ext, c, processor.url, timeout=0.5) for c in ("cust-0001", "cust-0002")]
+    assert [r.state for r in results] == ["accepted", "accepted"]
+    assert per_customer(processor) == {"cust-0001": 1, "cust-0002": 1}
+    assert {c: r["state"] for c, r in ledger(sink_db).items()} == {
+        "cust-0001": "accepted",
+        "cust-0002": "accepted",
+    }
+
+
+def test_a_declined_card_is_the_items_outcome_not_retried_not_charged(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    processor.faults.add("declined", customers=["cust-0002"], times=None)
+    ext = calls(sink_db, holder(store, "b"))
+    sent = [charge(ext, c, processor.url) for c in ("cust-0001", "cust-0002", "cust-0003")]
+    again = charge(ext, "cust-0002", processor.url)
+    assert [r.state for r in sent] == ["accepted", "declined", "accepted"]
+    assert sent[1].detail["reason"] == "card_declined"
+    assert not again.sent
+    assert again.state == "declined"
+    assert per_customer(processor) == {"cust-0001": 1, "cust-0003": 1}
+    assert ledger(sink_db)["cust-0002"]["state"] == "declined"
+
+
+def test_a_malformed_answer_is_a_clear_error_and_the_item_is_charged_once_later(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    processor.faults.add("malformed")
+    ext = calls(sink_db, holder(store, "b"))
+    with pytest.raises(MalformedAnswer, match="not JSON"):
+        charge(ext, "cust-0001", processor.url)
+    assert ledger(sink_db)["cust-0001"]["state"] == "intended"  # not skipped, not charged
+    assert charge(ext, "cust-0001", processor.url).state == "accepted"  # the replay
+    assert per_customer(processor) == {"cust-0001": 1}
+
+
+def test_a_processor_that_is_down_defers_the_item_never_skips_it(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    ext = calls(sink_db, holder(store, "b"))
+    processor.stop()
+    with pytest.raises(ProcessorUnavailable):
+        charge(ext, "cust-0001", processor.url)
+    assert ledger(sink_db)["cust-0001"]["state"] == "intended"
+    processor.start()
+    assert charge(ext, "cust-0001", processor.url).state == "accepted"
+    assert per_customer(processor) == {"cust-0001": 1}
+
+
+def test_a_token_processor_without_idempotency_is_reconciled_by_lookup(
+    store: LeaseStore, sink_db: str
+) -> None:
+    with PaymentProcessor(idempotency=False, check_tokens=True) as p:
+        a = holder(store, "a")
+        real = billing_charges.stripe_sender(billing_charges.stripe_client(p.url))
+        crash = RuntimeError("crashed after the processor accepted")
+
+        def accepted_then_crash(call: OutgoingCall) -> CallAnswer:
+            real(call)
+            raise crash
+
+        with pytest.raises(RuntimeError):
+            calls(sink_db, a).call("cust-0001", PARAMS_1, accepted_then_crash)
+        done = charge(calls(sink_db, holder(store, "b")), "cust-0001", p.url, lookup=True)
+        assert not done.sent  # found at the processor, recorded, not charged again
+        assert done.reference == p.charges()[0]["id"]
+        assert per_customer(p) == {"cust-0001": 1}
+
+
+def test_an_intent_older_than_the_replay_window_needs_reconciliation(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    ext = calls(sink_db, holder(store, "b"), replay_window_s=0.0)
+    ext._claim(ext.outgoing("cust-0001", billing_charges.charge_params(DAY, "cust-0001")))
+    with pytest.raises(NeedsReconciliation, match="check the processor"):
+        charge(ext, "cust-0001", processor.url)
+    assert processor.charges() == []
+
+
+def test_an_item_intended_with_other_parameters_is_refused(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    ext = calls(sink_db, holder(store, "b"))
+    ext._claim(ext.outgoing("cust-0001", {"amount": 1, "currency": "usd"}))
+    with pytest.raises(InvalidLeaseInput, match="other parameters"):
+        charge(ext, "cust-0001", processor.url)
+    assert processor.charges() == []
+
+
+def test_shadow_calls_send_nothing_and_record_what_they_would_send(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    lease = holder(store, "b")
+    ext = calls(sink_db, lease, shadow=True, idempotency_scope=KEY)
+    got = charge(ext, "cust-0001", processor.url)
+    assert got.state == "shadow"
+    assert processor.charges() == []
+    assert ledger(sink_db) == {}
+    primary = calls(sink_db, lease).outgoing("cust-0001", PARAMS_1)
+    assert ext.would_send == [
+        {"item": "cust-0001", "idempotency_key": primary.idempotency_key, "params": primary.params}
+    ]
+
+
+def test_without_protection_two_executions_charge_twice(
+    sink_db: str, processor: PaymentProcessor
+) -> None:
+    # what the incident had: plain code sends no idempotency key and keeps no ledger
+    client = billing_charges.stripe_client(processor.url)
+    for _ in range(2):
+        fence = Fence.unprotected(KEY, DAY, lambda: psycopg.connect(sink_db, autocommit=True))
+        fence.external_call(
+            "cust-0001",
+            billing_charges.charge_params(DAY, "cust-0001"),
+            billing_charges.stripe_sender(client),
+            record=record_charge,
+        )
+        fence.close()
+    assert per_customer(processor) == {"cust-0001": 2}
+
+
+@pytest.mark.parametrize(("lookup", "expected"), [(True, 1), (False, 2)])
+def test_a_processor_with_neither_after_a_timeout_is_reconciled_only_by_lookup(
+    store: LeaseStore, sink_db: str, lookup: bool, expected: int
+) -> None:
+    # it charged, then timed out: without idempotency keys only a lookup before the retry
+    # tells; without one the retry charges again (the README's "neither" case)
+    with PaymentProcessor(idempotency=False) as p:
+        p.faults.add("timeout_after_commit", delay=1.5)
+        ext = calls(sink_db, holder(store, "b"))
+        done = charge(ext, "cust-0001", p.url, timeout=0.5, lookup=lookup)
+        assert done.state == "accepted"
+        assert done.sent is not lookup  # found by the lookup, not sent again
+        assert per_customer(p) == {"cust-0001": expected}
+
+
+def test_an_approved_rerun_charges_each_customer_once_more_and_only_once(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    names = ["cust-0001", "cust-0002"]
+    first = holder(store, "b")
+    for c in names:
+        charge(calls(sink_db, first), c, processor.url)
+    store.complete(first, {"charged": len(names)})
+    store.approve_rerun(KEY, actor="alice", reason="INC-42 re-bill")
+    rerun = holder(store, "c")
+    assert rerun.generation == 1
+    results = [charge(calls(sink_db, rerun), c, processor.url) for c in names]
+    retried = [charge(calls(sink_db, rerun), c, processor.url) for c in names]  # its retry
+    assert all(r.sent and r.state == "accepted" for r in results)
+    assert not any(r.sent for r in retried)
+    assert per_customer(processor) == dict.fromkeys(names, 2)
+    keys = [c["idempotency_key"] for c in processor.charges()]
+    assert len(set(keys)) == 4  # the re-run's keys are its own: no replay of the first charge
