@@ -65,6 +65,44 @@ class Period(enum.StrEnum):
         return cls.YEAR
 
 
+_ESCAPED_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def escape_map_key(name: object) -> str:
+    """The map-key form of an item's name (a tenant id): injective, so two names never share a key.
+
+    Percent-escapes only what a key part cannot hold or what would make two names alike: ``/``
+    (the key's separator), control characters, blanks at either end, and a ``%`` that already
+    reads as an escape (``%2F`` becomes ``%252F``). Every other name keys as itself, so keys
+    recorded for such names still match. Both engines key mapped items through this function.
+
+    >>> escape_map_key("acme/eu"), escape_map_key("acme_eu "), escape_map_key("tenant-42")
+    ('acme%2Feu', 'acme_eu%20', 'tenant-42')
+
+    Raises:
+        InvalidLeaseInput: the name is empty or only blanks.
+    """
+    text = str(name)
+    if not text.strip():
+        raise InvalidLeaseInput(f"a mapped item's name {text!r} must not be empty or blank")
+    lead = len(text) - len(text.lstrip())
+    trail = len(text.rstrip())
+    out: list[str] = []
+    for i, ch in enumerate(text):
+        if (
+            ch == "/"
+            or ord(ch) < 0x20
+            or ord(ch) == 0x7F
+            or i < lead
+            or i >= trail
+            or (ch == "%" and _ESCAPED_PERCENT.match(text, i))
+        ):
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def business_period(moment: datetime, period: Period, timezone: str = "UTC") -> str:
     """The business date of ``moment`` in the DAG's timezone, cut to ``period``.
 

@@ -21,6 +21,7 @@ from typing import Any
 from airflow_plugins.keys import (
     LeaseKey,
     Period,
+    escape_map_key,
     first_day,
     lease_key,
     resolve_business_date,
@@ -155,15 +156,20 @@ def map_key(context: Mapping[str, Any]) -> str | None:
     template = context.get("map_index_template") or getattr(
         context.get("task"), "map_index_template", None
     )
-    if not rendered and template:
-        rendered = _render_before_work(context, template)
+    if rendered:
+        # Airflow's own rendering includes the template's blanks: cut as before (a name that
+        # differs only by its blanks then collides, and the collision check names both)
+        rendered = str(rendered).strip()
+    elif template:
+        # the template's own blanks are not the item's: a name's blanks are part of its key
+        rendered = _render_before_work(context, template.strip())
     if not rendered or not str(rendered).strip():
         raise InvalidLeaseInput(
             f"mapped task {ti.task_id!r} (map index {ti.map_index}) has no map_index_template: "
             "a protected mapped task must name each item, e.g. "
             "map_index_template='{{ task.op_kwargs[\"tenant\"] }}'"
         )
-    return str(rendered).strip().replace("/", "_")
+    return escape_map_key(rendered)
 
 
 def target_from_context(

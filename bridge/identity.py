@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from airflow_plugins.keys import LeaseKey, lease_key
+from airflow_plugins.keys import LeaseKey, escape_map_key, lease_key
 from airflow_plugins.lease import InvalidLeaseInput
 from bridge.spec import RUN_TASK_ID, RunMode
 
 WORKFLOW_ID_PREFIX = "dagrun:"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-:@+=]")
 
 
 def run_key(dag_id: str, business_date: str) -> LeaseKey:
@@ -62,7 +60,26 @@ def map_key_of(value: Any, field: str | None) -> str:
         raise InvalidLeaseInput(
             f"mapped item {value!r} is not a string or integer: set map_key_field to name it"
         )
-    text = _UNSAFE.sub("_", str(value))
-    if not text:
-        raise InvalidLeaseInput("a mapped item's key must not be empty")
-    return text
+    return escape_map_key(value)
+
+
+def map_items(values: list[Any], field: str | None) -> tuple[tuple[str, Any], ...]:
+    """Each mapped item with its map key, in order.
+
+    Raises:
+        InvalidLeaseInput: an item has no usable name, or two items key alike (the error names
+            both: the second would be handed the first one's result and never run).
+    """
+    items: list[tuple[str, Any]] = []
+    first: dict[str, int] = {}
+    for index, value in enumerate(values):
+        key = map_key_of(value, field)
+        if key in first:
+            raise InvalidLeaseInput(
+                f"mapped item {first[key]} ({values[first[key]]!r}) and item {index} "
+                f"({value!r}) both key as {key!r}: each item of a mapped task needs a name "
+                "of its own"
+            )
+        first[key] = index
+        items.append((key, value))
+    return tuple(items)

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from bridge.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
     from bridge.comparison import CompareInput
     from bridge.graph import graph_problems, referenced, shadow_refusals, topological
-    from bridge.identity import map_key_of, workflow_id
+    from bridge.identity import map_items, workflow_id
     from bridge.spec import (
         DagRunInput,
         DagRunResult,
@@ -225,11 +225,9 @@ class DagRunWorkflow:
         if not isinstance(values, list):
             return TaskOutcome("failed", error=f"{task.map_over} did not return a list to map")
         try:
-            items = tuple((map_key_of(v, task.map_key_field), v) for v in values)
+            items = map_items(values, task.map_key_field)
         except InvalidLeaseInput as exc:
-            return TaskOutcome("failed", error=str(exc))
-        if len({k for k, _ in items}) != len(items):
-            return TaskOutcome("failed", error=f"{task.task_id}: two mapped items share a key")
+            return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
         if len(items) <= inp.fanout_threshold:
             got = await _run_items(template, items, PARALLEL_ITEMS)
             results = [r if isinstance(r, TaskResult) else None for r in got]

@@ -40,7 +40,6 @@ def _airflow_map_key(tenant: object, index: int = 0) -> str | None:
     return target_from_context(context).key.map_key
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 12: map keys collide across tenants")
 def test_tenants_that_differ_get_different_keys_the_same_in_both_engines() -> None:
     airflow = [_airflow_map_key(t) for t in TENANTS]
     bridge = [map_key_of(t, None) for t in TENANTS]
@@ -66,7 +65,6 @@ def _operator(body: Any) -> ExactlyOnceOperator:
         )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 12: a collision is silently skipped")
 def test_two_map_indexes_of_one_run_with_one_key_fail_naming_both(
     plugin_env: dict[str, str],
 ) -> None:

@@ -7,7 +7,6 @@ import pytest
 from airflow_plugins.lease import InvalidLeaseInput
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 12: the bridge's error names no item")
 def test_two_mapped_items_with_one_key_fail_naming_both() -> None:
     from airflow_plugins.keys import escape_map_key
     from bridge.identity import map_items
