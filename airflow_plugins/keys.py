@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Mapping
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -24,6 +24,8 @@ from airflow_plugins.lease.errors import InvalidLeaseInput
 from airflow_plugins.lease.store import check_key
 
 SHADOW_SUFFIX = "#shadow"
+# the DAG tag that lets a run's conf name a business date whose period has not begun
+ALLOW_FUTURE_TAG = "exactly-once-allow-future-dates"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _PERIOD_TEXT = {
     "minute": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"),
@@ -166,22 +168,67 @@ def first_day(business_date: str) -> date:
     return date(parts[0], parts[1] if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else 1)
 
 
+def _zone(timezone: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidLeaseInput(f"unknown timezone {timezone!r}") from exc
+
+
+def period_start(business_date: str, period: Period, timezone: str = "UTC") -> datetime:
+    """The instant a business date's period begins in the DAG's timezone (timezone-aware UTC).
+
+    Raises:
+        InvalidLeaseInput: the text is not a business date of that period, or a bad timezone.
+    """
+    text = parse_business_date(business_date, period)
+    zone = _zone(timezone)
+    if period is Period.MINUTE:
+        naive = datetime.strptime(text, "%Y-%m-%dT%H:%M")
+    elif period is Period.HOUR:
+        naive = datetime.strptime(text, "%Y-%m-%dT%H")
+    else:
+        naive = datetime.combine(first_day(text), time())
+    return naive.replace(tzinfo=zone).astimezone(UTC)
+
+
 def resolve_business_date(
     conf: Mapping[str, Any] | None,
     logical_date: datetime | None,
     *,
     period: Period,
     timezone: str = "UTC",
+    now: datetime | None = None,
 ) -> str:
     """The business date of a run: the conf's ``business_date`` if given, else the logical date.
 
+    Args:
+        conf: the run's conf.
+        logical_date: the run's logical date (None for a manual run without one).
+        period: the DAG's business period.
+        timezone: the DAG's timezone.
+        now: when given, a conf ``business_date`` whose period begins after ``now`` is refused:
+            a run cannot claim a period that has not begun (the real run of that date would be
+            handed "already succeeded"). None allows it (a DAG that declares future dates).
+
     Raises:
-        InvalidLeaseInput: the conf's date is malformed, or there is neither (a manual run of a
-            protected DAG must name its business date).
+        InvalidLeaseInput: the conf's date is malformed or (with ``now``) not begun yet, or there
+            is neither (a manual run of a protected DAG must name its business date).
     """
     given = (conf or {}).get("business_date")
     if given is not None:
-        return parse_business_date(given, period)
+        text = parse_business_date(given, period)
+        if now is not None:
+            start = period_start(text, period, timezone)
+            if start > now:
+                local = start.astimezone(_zone(timezone)).isoformat(timespec="minutes")
+                raise InvalidLeaseInput(
+                    f"business_date {text!r} has not begun: its {period.value} starts at "
+                    f"{local} ({timezone}). A run cannot claim a business date before its "
+                    "period starts (the scheduled run of that date would find it taken); a DAG "
+                    f"that means to run ahead declares it with the tag {ALLOW_FUTURE_TAG!r}"
+                )
+        return text
     if logical_date is None:
         raise InvalidLeaseInput(
             "this run has no logical date and its conf names no business_date: a protected "

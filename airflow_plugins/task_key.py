@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_plugins.keys import (
+    ALLOW_FUTURE_TAG,
     LeaseKey,
     Period,
     escape_map_key,
@@ -109,6 +110,12 @@ def dag_period(dag: Any) -> Period:
     return Period.of_interval(interval)
 
 
+def allows_future_dates(dag: Any) -> bool:
+    """Whether the DAG declares (tag ``exactly-once-allow-future-dates``) that a run's conf may
+    name a business date whose period has not begun."""
+    return ALLOW_FUTURE_TAG in (getattr(dag, "tags", None) or ())
+
+
 _ONE_NAME = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
@@ -181,8 +188,9 @@ def target_from_context(
     """The business identity of the running try described by ``context``.
 
     Raises:
-        InvalidLeaseInput: a malformed conf ``business_date``; a manual run with no logical date
-            and no ``business_date``; a mapped task with no ``map_index_template``.
+        InvalidLeaseInput: a malformed conf ``business_date``, or one whose period has not begun
+            (unless the DAG allows future dates); a manual run with no logical date and no
+            ``business_date``; a mapped task with no ``map_index_template``.
     """
     dag = context["dag"]
     dag_run = context["dag_run"]
@@ -194,6 +202,7 @@ def target_from_context(
         getattr(dag_run, "logical_date", None),
         period=chosen,
         timezone=timezone or dag_timezone(dag),
+        now=None if allows_future_dates(dag) else datetime.now(UTC),
     )
     map_index = getattr(ti, "map_index", -1)
     key = lease_key(ti.dag_id, ti.task_id, business_date, map_key(context))

@@ -52,7 +52,6 @@ def _today(tz: str) -> datetime:
     return datetime.now(UTC).astimezone(ZoneInfo(tz))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 11: a manual run claims a future date")
 def test_a_manual_run_for_a_day_not_begun_is_refused_and_claims_nothing(
     plugin_env: dict[str, str],
 ) -> None:
@@ -68,7 +67,6 @@ def test_a_manual_run_for_a_day_not_begun_is_refused_and_claims_nothing(
         assert store.get("billing_nightly/charge/2099-12-31") is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 11: a manual run claims a future hour")
 def test_an_hour_not_begun_is_refused_in_the_dags_timezone(plugin_env: dict[str, str]) -> None:
     body = Body()
     op = _operator(body, schedule="@hourly", tz="Asia/Kolkata")
@@ -76,3 +74,22 @@ def test_an_hour_not_begun_is_refused_in_the_dags_timezone(plugin_env: dict[str,
     with pytest.raises(AirflowFailException, match="not begun"):
         op.execute(_manual(op, later))
     assert body.calls == 0
+
+
+def test_the_current_period_and_the_past_may_be_named(plugin_env: dict[str, str]) -> None:
+    body = Body()
+    # Kiritimati is UTC+14: its today is often tomorrow in UTC, and has begun there
+    op = _operator(body, tz="Pacific/Kiritimati")
+    today = _today("Pacific/Kiritimati").strftime("%Y-%m-%d")
+    assert op.execute(_manual(op, today)) == {"charged": today}
+    assert op.execute(_manual(op, "2024-02-15")) == {"charged": "2024-02-15"}
+    assert body.calls == 2
+
+
+def test_a_dag_that_declares_future_dates_may_run_ahead(plugin_env: dict[str, str]) -> None:
+    from airflow_plugins.keys import ALLOW_FUTURE_TAG
+
+    body = Body()
+    op = _operator(body, tags=[ALLOW_FUTURE_TAG])
+    assert op.execute(_manual(op, "2099-12-31")) == {"charged": "2099-12-31"}
+    assert body.calls == 1
