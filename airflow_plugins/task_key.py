@@ -89,6 +89,23 @@ def _schedule_interval(timetable: Any) -> timedelta | None:
     return shortest
 
 
+def schedule_step(timetable: Any) -> Any:
+    """The fixed step of a delta timetable (``schedule=timedelta(days=1)``, a
+    ``DeltaDataIntervalTimetable``): a ``timedelta`` or ``relativedelta``; None for any other.
+
+    Airflow adds it in absolute time, so in a timezone with DST its runs drift across local
+    periods and one may come twice (``keys.business_period`` marks the second).
+    """
+    if timetable is None or getattr(timetable, "expression", None) is not None:
+        return None
+    if getattr(timetable, "_expression", None) is not None:
+        return None
+    delta = getattr(timetable, "delta", None) or getattr(timetable, "_delta", None)
+    if isinstance(delta, timedelta) or (delta is not None and hasattr(delta, "months")):
+        return delta
+    return None
+
+
 def dag_period(dag: Any) -> Period:
     """The business period of a DAG: its ``exactly-once-period:`` tag, else its schedule's.
 
@@ -203,6 +220,7 @@ def target_from_context(
         period=chosen,
         timezone=timezone or dag_timezone(dag),
         now=None if allows_future_dates(dag) else datetime.now(UTC),
+        step=schedule_step(getattr(dag, "timetable", None)),
     )
     map_index = getattr(ti, "map_index", -1)
     key = lease_key(ti.dag_id, ti.task_id, business_date, map_key(context))
