@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from airflow_plugins.keys import LeaseKey, escape_map_key, lease_key
+from airflow_plugins.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
 from airflow_plugins.lease import InvalidLeaseInput
-from bridge.spec import RUN_TASK_ID, RunMode
+from bridge.spec import RUN_TASK_ID, DagSpec, RunMode
 
 WORKFLOW_ID_PREFIX = "dagrun:"
 
@@ -14,6 +15,12 @@ WORKFLOW_ID_PREFIX = "dagrun:"
 def run_key(dag_id: str, business_date: str) -> LeaseKey:
     """The key of a whole business run of a DAG (``billing_nightly/dagrun/2024-02-15``)."""
     return lease_key(dag_id, RUN_TASK_ID, business_date)
+
+
+def tick_business_date(spec: DagSpec, nominal: datetime) -> str:
+    """The business date of a Temporal Schedule's tick (``temporal-scheduled`` mode), from the
+    tick's nominal time: the key Airflow gave the same run."""
+    return business_period(nominal, Period(spec.period), spec.timezone)
 
 
 def workflow_id(

@@ -37,6 +37,17 @@ def schedule_id(dag_id: str) -> str:
     return f"bridge-schedule:{dag_id}"
 
 
+def schedule_spec(spec: DagSpec) -> ScheduleSpec:
+    """When the DAG's Temporal Schedule fires: its cron expression in its timezone.
+
+    Raises:
+        NoCronSchedule: the DAG has no cron expression.
+    """
+    if not spec.schedule:
+        raise NoCronSchedule(f"{spec.dag_id} has no cron schedule to move to Temporal")
+    return ScheduleSpec(cron_expressions=[spec.schedule], time_zone_name=spec.timezone)
+
+
 async def create_schedule(
     client: Client, spec: DagSpec, task_queue: str, *, overlap: str = "buffer_one"
 ) -> str:
@@ -49,8 +60,7 @@ async def create_schedule(
         NoCronSchedule: the DAG has no cron expression.
         KeyError: unknown overlap policy.
     """
-    if not spec.schedule:
-        raise NoCronSchedule(f"{spec.dag_id} has no cron schedule to move to Temporal")
+    when = schedule_spec(spec)
     sid = schedule_id(spec.dag_id)
     try:
         await client.create_schedule(
@@ -62,7 +72,7 @@ async def create_schedule(
                     id=f"bridge-tick:{spec.dag_id}",
                     task_queue=task_queue,
                 ),
-                spec=ScheduleSpec(cron_expressions=[spec.schedule], time_zone_name=spec.timezone),
+                spec=when,
                 policy=SchedulePolicy(overlap=OVERLAP[overlap]),
             ),
         )

@@ -23,12 +23,11 @@ from temporalio.exceptions import (
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from airflow_plugins.keys import Period, business_period
     from airflow_plugins.lease import InvalidLeaseInput
     from bridge.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
     from bridge.comparison import CompareInput
     from bridge.graph import graph_problems, referenced, shadow_refusals, topological
-    from bridge.identity import map_items, workflow_id
+    from bridge.identity import map_items, tick_business_date, workflow_id
     from bridge.spec import (
         DagRunInput,
         DagRunResult,
@@ -308,7 +307,7 @@ class ScheduledDagWorkflow:
         """Starts (or finds) the business run of this schedule tick; returns what it did."""
         spec = inp.spec
         nominal = workflow.info().typed_search_attributes.get(SCHEDULED_START) or workflow.now()
-        business_date = business_period(nominal, Period(spec.period), spec.timezone)
+        business_date = tick_business_date(spec, nominal)
         mode = await workflow.execute_activity_method(
             BridgeActivities.fixed_mode,
             FixedModeInput(spec.dag_id, f"scheduled__{business_date}"),
