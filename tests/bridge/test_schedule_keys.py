@@ -52,11 +52,13 @@ def _transitions(zone: zoneinfo.ZoneInfo, year: int) -> list[datetime]:
     found = []
     day = datetime(year, 1, 1, tzinfo=UTC)
     while day.year == year:
-        if (
-            day.astimezone(zone).utcoffset()
-            != (day + timedelta(days=1)).astimezone(zone).utcoffset()
-        ):
-            found.append(day + timedelta(hours=12))
+        offset = day.astimezone(zone).utcoffset()
+        if offset != (day + timedelta(days=1)).astimezone(zone).utcoffset():
+            found += [
+                day + timedelta(hours=h)
+                for h in range(1, 25)
+                if (day + timedelta(hours=h)).astimezone(zone).utcoffset() != offset
+            ][:1]
         day += timedelta(days=1)
     return found or [datetime(year, 3, 30, 12, tzinfo=UTC), datetime(year, 10, 30, tzinfo=UTC)]
 
