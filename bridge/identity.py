@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
 
 from airflow_plugins.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
 from airflow_plugins.lease import InvalidLeaseInput
@@ -19,8 +22,32 @@ def run_key(dag_id: str, business_date: str) -> LeaseKey:
 
 def tick_business_date(spec: DagSpec, nominal: datetime) -> str:
     """The business date of a Temporal Schedule's tick (``temporal-scheduled`` mode), from the
-    tick's nominal time: the key Airflow gave the same run."""
-    return business_period(nominal, Period(spec.period), spec.timezone)
+    tick's nominal time: the key Airflow gave the same run.
+
+    A cron trigger's run is keyed by its fire time; a ``CronDataIntervalTimetable`` run by the
+    start of the interval the tick closes (the previous fire, found as Airflow's own timetable
+    finds it), so both engines key the run alike.
+    """
+    moment = nominal
+    if spec.timetable == "CronDataIntervalTimetable" and spec.schedule:
+        moment = _interval_start(spec.schedule, spec.timezone, nominal)
+    return business_period(moment, Period(spec.period), spec.timezone)
+
+
+def _interval_start(expression: str, timezone: str, end: datetime) -> datetime:
+    """The cron fire before ``end``, as Airflow's ``CronMixin._get_prev`` computes it: a cron
+    that fires every hour steps back in absolute time (across a fold), any other is read on the
+    local wall clock."""
+    zone = ZoneInfo(timezone)
+    end = datetime.fromtimestamp(end.timestamp(), UTC)  # a plain datetime (not pendulum's)
+    local = end.astimezone(zone)
+    naive = local.replace(tzinfo=None)
+    cron = croniter(expression, start_time=naive)
+    previous: datetime = cron.get_prev(datetime)
+    if cron.expanded[1] == ["*"]:
+        start: datetime = end - (naive - previous)
+        return start
+    return previous.replace(tzinfo=zone).astimezone(UTC)
 
 
 def workflow_id(

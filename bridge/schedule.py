@@ -17,7 +17,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from bridge.spec import DagSpec, ScheduledRunInput
+from bridge.spec import SCHEDULABLE_TIMETABLES, DagSpec, ScheduledRunInput
 from bridge.workflows import ScheduledDagWorkflow
 
 OVERLAP = {
@@ -41,8 +41,16 @@ def schedule_spec(spec: DagSpec) -> ScheduleSpec:
     """When the DAG's Temporal Schedule fires: its cron expression in its timezone.
 
     Raises:
-        NoCronSchedule: the DAG has no cron expression.
+        NoCronSchedule: the DAG has no cron expression, or its timetable is one a Temporal
+            Schedule cannot reproduce (named in the error: delta, events, multiple crons, ...).
     """
+    if spec.timetable is not None and spec.timetable not in SCHEDULABLE_TIMETABLES:
+        raise NoCronSchedule(
+            f"{spec.dag_id}: temporal-scheduled cannot reproduce its timetable {spec.timetable} "
+            f"(only {', '.join(sorted(SCHEDULABLE_TIMETABLES))}): its runs would not match "
+            "Airflow's run for run; keep it scheduled by Airflow (mode temporal hands each run "
+            "over)"
+        )
     if not spec.schedule:
         raise NoCronSchedule(f"{spec.dag_id} has no cron schedule to move to Temporal")
     return ScheduleSpec(cron_expressions=[spec.schedule], time_zone_name=spec.timezone)

@@ -113,7 +113,6 @@ async def _temporal_fires(
         await handle.delete()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 10: the engines disagree on a run's key")
 @settings(
     max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -142,7 +141,6 @@ def test_each_run_has_one_key_in_both_engines(
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 10: not refused by the timetable's name")
 @pytest.mark.parametrize(
     "timetable",
     [
