@@ -453,10 +453,10 @@ def run_try(
 def check_map_collision(store: LeaseStore, got: Acquisition, target: TaskTarget) -> None:
     """Fails the try when another map index of its own DAG run holds or held its key.
 
-    Two map indexes of one run key alike only when their ``map_index_template`` renders the
-    same name (a duplicate in the mapped list, or a template that does not name the item): the
-    second would be handed the first one's result and never run. A lease this try was granted
-    over such a holder is released first.
+    Two map indexes of one run and the same try number key alike only when their
+    ``map_index_template`` renders the same name (a duplicate in the mapped list, or a template
+    that does not name the item): the second would be handed the first one's result and never
+    run. A lease this try was granted over such a holder is released first.
 
     Raises:
         AirflowFailException: the error names both map indexes and the key.
@@ -472,6 +472,9 @@ def check_map_collision(store: LeaseStore, got: Acquisition, target: TaskTarget)
         or other.task_id != me.task_id
         or other.map_index is None
         or other.map_index == me.map_index
+        # a tenant that moved to another index after a clear runs under a later try number:
+        # not a collision, it is handed its recorded result
+        or other.try_number != me.try_number
     ):
         return
     if got.granted:
