@@ -6,6 +6,9 @@ time and starts the DAG-run workflow as a child with the key-derived id.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
 from temporalio.client import (
     Client,
     Schedule,
@@ -53,7 +56,22 @@ def schedule_spec(spec: DagSpec) -> ScheduleSpec:
         )
     if not spec.schedule:
         raise NoCronSchedule(f"{spec.dag_id} has no cron schedule to move to Temporal")
+    if _observes_dst(spec.timezone):
+        raise NoCronSchedule(
+            f"{spec.dag_id}: temporal-scheduled cannot reproduce its runs in {spec.timezone}, "
+            "which changes its UTC offset: at a DST fold Temporal's Schedule fires a repeated "
+            "wall-clock hour once where Airflow runs it twice (a missed run); keep it "
+            "scheduled by Airflow (mode temporal hands each run over)"
+        )
     return ScheduleSpec(cron_expressions=[spec.schedule], time_zone_name=spec.timezone)
+
+
+def _observes_dst(timezone: str) -> bool:
+    """Whether ``timezone`` changes its UTC offset within a year from now."""
+    zone = ZoneInfo(timezone)
+    now = datetime.now(UTC)
+    offsets = {(now + timedelta(days=d)).astimezone(zone).utcoffset() for d in range(0, 366, 7)}
+    return len(offsets) > 1
 
 
 async def create_schedule(

@@ -131,6 +131,12 @@ def test_each_run_has_one_key_in_both_engines(
     task = _task(timetable(tz), tz)
     spec = translate(task.dag).spec
     assert spec is not None
+    if tz not in ("UTC", "Asia/Kolkata"):
+        # Temporal fires a fold's repeated hour once where Airflow runs it twice (found by
+        # this test on the real server): refused by name, never a silently missed run
+        with pytest.raises(NoCronSchedule, match=f"cannot reproduce its runs in {tz}"):
+            schedule_spec(spec)
+        return
     fires = asyncio.run(_temporal_fires(temporal_address, spec, start, end))
     airflow = _airflow_runs(task, start, end)
     assert fires == [run_after for run_after, _ in airflow], (name, tz, at)
