@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Mapping
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -24,15 +24,18 @@ from airflow_plugins.lease.errors import InvalidLeaseInput
 from airflow_plugins.lease.store import check_key
 
 SHADOW_SUFFIX = "#shadow"
+# the DAG tag that lets a run's conf name a business date whose period has not begun
+ALLOW_FUTURE_TAG = "exactly-once-allow-future-dates"
 _PART = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# each period's text, with the ".fold" mark of a second occurrence (see business_period)
 _PERIOD_TEXT = {
-    "minute": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"),
-    "hour": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}$"),
-    "day": re.compile(r"^\d{4}-\d{2}-\d{2}$"),
-    "week": re.compile(r"^\d{4}-W\d{2}$"),
-    "month": re.compile(r"^\d{4}-\d{2}$"),
-    "quarter": re.compile(r"^\d{4}-Q[1-4]$"),
-    "year": re.compile(r"^\d{4}$"),
+    "minute": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(\.fold)?$"),
+    "hour": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}(\.fold)?$"),
+    "day": re.compile(r"^\d{4}-\d{2}-\d{2}(\.fold)?$"),
+    "week": re.compile(r"^\d{4}-W\d{2}(\.fold)?$"),
+    "month": re.compile(r"^\d{4}-\d{2}(\.fold)?$"),
+    "quarter": re.compile(r"^\d{4}-Q[1-4](\.fold)?$"),
+    "year": re.compile(r"^\d{4}(\.fold)?$"),
 }
 
 
@@ -65,18 +68,58 @@ class Period(enum.StrEnum):
         return cls.YEAR
 
 
-def business_period(moment: datetime, period: Period, timezone: str = "UTC") -> str:
-    """The business date of ``moment`` in the DAG's timezone, cut to ``period``.
+_ESCAPED_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 
-    >>> business_period(datetime(2024, 2, 15, 2, 0, tzinfo=ZoneInfo("UTC")), Period.DAY)
-    '2024-02-15'
+
+def escape_map_key(name: object) -> str:
+    """The map-key form of an item's name (a tenant id): injective, so two names never share a key.
+
+    Percent-escapes only what a key part cannot hold or what would make two names alike: ``/``
+    (the key's separator), control characters, blanks at either end, and a ``%`` that already
+    reads as an escape (``%2F`` becomes ``%252F``). Every other name keys as itself, so keys
+    recorded for such names still match. Both engines key mapped items through this function.
+
+    >>> escape_map_key("acme/eu"), escape_map_key("acme_eu "), escape_map_key("tenant-42")
+    ('acme%2Feu', 'acme_eu%20', 'tenant-42')
+
+    Raises:
+        InvalidLeaseInput: the name is empty or only blanks.
     """
-    if moment.tzinfo is None:
-        raise InvalidLeaseInput("a logical date must be timezone-aware")
-    try:
-        local = moment.astimezone(ZoneInfo(timezone))
-    except ZoneInfoNotFoundError as exc:
-        raise InvalidLeaseInput(f"unknown timezone {timezone!r}") from exc
+    text = str(name)
+    if not text.strip():
+        raise InvalidLeaseInput(f"a mapped item's name {text!r} must not be empty or blank")
+    lead = len(text) - len(text.lstrip())
+    trail = len(text.rstrip())
+    out: list[str] = []
+    for i, ch in enumerate(text):
+        if (
+            ch == "/"
+            or ord(ch) < 0x20
+            or ord(ch) == 0x7F
+            or i < lead
+            or i >= trail
+            or (ch == "%" and _ESCAPED_PERCENT.match(text, i))
+        ):
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+FOLD_SUFFIX = ".fold"
+# how long a period lasts at least: a step shorter than its period repeats it on purpose
+_SHORTEST = {
+    "minute": timedelta(minutes=1),
+    "hour": timedelta(hours=1),
+    "day": timedelta(hours=23),
+    "week": timedelta(days=7) - timedelta(hours=1),
+    "month": timedelta(days=28) - timedelta(hours=1),
+    "quarter": timedelta(days=89) - timedelta(hours=1),
+    "year": timedelta(days=365) - timedelta(hours=1),
+}
+
+
+def _period_text(local: datetime, period: Period) -> str:
     if period is Period.MINUTE:
         return local.strftime("%Y-%m-%dT%H:%M")
     if period is Period.HOUR:
@@ -91,6 +134,48 @@ def business_period(moment: datetime, period: Period, timezone: str = "UTC") -> 
     if period is Period.QUARTER:
         return f"{local.year}-Q{(local.month - 1) // 3 + 1}"
     return f"{local.year}"
+
+
+def business_period(
+    moment: datetime, period: Period, timezone: str = "UTC", *, step: Any = None
+) -> str:
+    """The business date of ``moment`` in the DAG's timezone, cut to ``period``.
+
+    A period that comes twice keys its second occurrence with ``.fold`` after the first one's
+    text, so two periods never share a key and every other key keeps its text:
+
+    - a local minute or hour repeated when the clocks go back (``2024-10-27T02.fold`` is 02:00
+      to 03:00 CET, after 02:00 to 03:00 CEST in Europe/Berlin);
+    - with ``step`` (a schedule that advances by a fixed ``timedelta``/``relativedelta`` of
+      absolute time, as Airflow's delta timetables do), a run whose previous run fell in the
+      same local period (a daily step from summer midnight runs at 00:00 CEST and 23:00 CET on
+      2024-10-27: ``2024-10-27`` and ``2024-10-27.fold``). A step shorter than the period (an
+      hourly schedule keyed by day) groups its runs on purpose and is not marked.
+
+    >>> business_period(datetime(2024, 2, 15, 2, 0, tzinfo=ZoneInfo("UTC")), Period.DAY)
+    '2024-02-15'
+    """
+    if moment.tzinfo is None:
+        raise InvalidLeaseInput("a logical date must be timezone-aware")
+    zone = _zone(timezone)
+    local = moment.astimezone(zone)
+    text = _period_text(local, period)
+    if period in (Period.MINUTE, Period.HOUR) and local.fold:
+        return text + FOLD_SUFFIX
+    if step is not None:
+        previous = moment - step
+        if moment - previous >= _SHORTEST[period.value] and (
+            _period_text(previous.astimezone(zone), period) == text
+        ):
+            return text + FOLD_SUFFIX
+    return text
+
+
+def split_fold(business_date: str) -> tuple[str, bool]:
+    """A business date's text without its ``.fold`` mark, and whether it had one."""
+    if business_date.endswith(FOLD_SUFFIX):
+        return business_date.removesuffix(FOLD_SUFFIX), True
+    return business_date, False
 
 
 def parse_business_date(text: object, period: Period) -> str:
@@ -116,6 +201,7 @@ def parse_business_date(text: object, period: Period) -> str:
 
 def first_day(business_date: str) -> date:
     """The calendar date a business date starts on (for retention checks and queries)."""
+    business_date = split_fold(business_date)[0]
     if "-W" in business_date:
         year, week = business_date.split("-W")
         return date.fromisocalendar(int(year), int(week), 1)
@@ -128,28 +214,92 @@ def first_day(business_date: str) -> date:
     return date(parts[0], parts[1] if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else 1)
 
 
+def _zone(timezone: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidLeaseInput(f"unknown timezone {timezone!r}") from exc
+
+
+def period_start(business_date: str, period: Period, timezone: str = "UTC") -> datetime:
+    """The instant a business date's period begins in the DAG's timezone (timezone-aware UTC).
+
+    The second occurrence of a repeated hour or minute starts at its own instant; a repeated
+    day, week, month... (``2024-10-27.fold``) is counted from the end of its local period, as its
+    run starts somewhere within it.
+
+    Raises:
+        InvalidLeaseInput: the text is not a business date of that period, or a bad timezone.
+    """
+    text, fold = split_fold(parse_business_date(business_date, period))
+    zone = _zone(timezone)
+    if period is Period.MINUTE:
+        naive = datetime.strptime(text, "%Y-%m-%dT%H:%M")
+    elif period is Period.HOUR:
+        naive = datetime.strptime(text, "%Y-%m-%dT%H")
+    else:
+        naive = datetime.combine(first_day(text), time())
+        if fold:  # a repeated day (or week...) starts within it: count it from its end
+            naive = datetime.combine(_period_end(first_day(text), period), time())
+            fold = False
+    return naive.replace(tzinfo=zone, fold=int(fold)).astimezone(UTC)
+
+
+def _period_end(first: date, period: Period) -> date:
+    if period is Period.DAY:
+        return first + timedelta(days=1)
+    if period is Period.WEEK:
+        return first + timedelta(days=7)
+    months = {Period.MONTH: 1, Period.QUARTER: 3}.get(period, 12)
+    index = first.year * 12 + first.month - 1 + months
+    return date(index // 12, index % 12 + 1, 1)
+
+
 def resolve_business_date(
     conf: Mapping[str, Any] | None,
     logical_date: datetime | None,
     *,
     period: Period,
     timezone: str = "UTC",
+    now: datetime | None = None,
+    step: Any = None,
 ) -> str:
     """The business date of a run: the conf's ``business_date`` if given, else the logical date.
 
+    Args:
+        conf: the run's conf.
+        logical_date: the run's logical date (None for a manual run without one).
+        period: the DAG's business period.
+        timezone: the DAG's timezone.
+        now: when given, a conf ``business_date`` whose period begins after ``now`` is refused:
+            a run cannot claim a period that has not begun (the real run of that date would be
+            handed "already succeeded"). None allows it (a DAG that declares future dates).
+        step: a delta schedule's step (see ``business_period``).
+
     Raises:
-        InvalidLeaseInput: the conf's date is malformed, or there is neither (a manual run of a
-            protected DAG must name its business date).
+        InvalidLeaseInput: the conf's date is malformed or (with ``now``) not begun yet, or there
+            is neither (a manual run of a protected DAG must name its business date).
     """
     given = (conf or {}).get("business_date")
     if given is not None:
-        return parse_business_date(given, period)
+        text = parse_business_date(given, period)
+        if now is not None:
+            start = period_start(text, period, timezone)
+            if start > now:
+                local = start.astimezone(_zone(timezone)).isoformat(timespec="minutes")
+                raise InvalidLeaseInput(
+                    f"business_date {text!r} has not begun: its {period.value} starts at "
+                    f"{local} ({timezone}). A run cannot claim a business date before its "
+                    "period starts (the scheduled run of that date would find it taken); a DAG "
+                    f"that means to run ahead declares it with the tag {ALLOW_FUTURE_TAG!r}"
+                )
+        return text
     if logical_date is None:
         raise InvalidLeaseInput(
             "this run has no logical date and its conf names no business_date: a protected "
             'run must say which business date it is for, e.g. {"business_date": "2024-02-15"}'
         )
-    return business_period(logical_date, period, timezone)
+    return business_period(logical_date, period, timezone, step=step)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -524,6 +524,42 @@ def run_try(
         store.close()
 
 
+def check_map_collision(store: LeaseStore, got: Acquisition, target: TaskTarget) -> None:
+    """Fails the try when another map index of its own DAG run holds or held its key.
+
+    Two map indexes of one run and the same try number key alike only when their
+    ``map_index_template`` renders the same name (a duplicate in the mapped list, or a template
+    that does not name the item): the second would be handed the first one's result and never
+    run. A lease this try was granted over such a holder is released first.
+
+    Raises:
+        AirflowFailException: the error names both map indexes and the key.
+    """
+    me = target.holder
+    if target.key.map_key is None or me.map_index is None or me.map_index < 0:
+        return
+    other = got.previous_holder if got.granted else got.holder
+    if (
+        other is None
+        or other.engine != "airflow"
+        or other.run_id != me.run_id
+        or other.task_id != me.task_id
+        or other.map_index is None
+        or other.map_index == me.map_index
+        # a tenant that moved to another index after a clear runs under a later try number:
+        # not a collision, it is handed its recorded result
+        or other.try_number != me.try_number
+    ):
+        return
+    if got.granted:
+        store.release(got.lease, "two map indexes of one run key alike")
+    raise _fail_task(
+        f"exactly-once: map index {other.map_index} and map index {me.map_index} of "
+        f"{me.task_id!r} in run {me.run_id!r} both render the key {target.key}: each mapped "
+        "item needs a name of its own (its map_index_template), or the second is never run"
+    )
+
+
 def _decide(
     task: Any,
     store: LeaseStore,
@@ -551,6 +587,7 @@ def _decide(
             ),
             method_name=protection.resume_method,
         )
+    check_map_collision(store, got, target)
     if got.granted:
         return run_granted(store, got, target, protection, body)
     if got.outcome is Outcome.HELD:

@@ -19,8 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_plugins.keys import (
+    ALLOW_FUTURE_TAG,
     LeaseKey,
     Period,
+    escape_map_key,
     first_day,
     lease_key,
     resolve_business_date,
@@ -87,6 +89,23 @@ def _schedule_interval(timetable: Any) -> timedelta | None:
     return shortest
 
 
+def schedule_step(timetable: Any) -> Any:
+    """The fixed step of a delta timetable (``schedule=timedelta(days=1)``, a
+    ``DeltaDataIntervalTimetable``): a ``timedelta`` or ``relativedelta``; None for any other.
+
+    Airflow adds it in absolute time, so in a timezone with DST its runs drift across local
+    periods and one may come twice (``keys.business_period`` marks the second).
+    """
+    if timetable is None or getattr(timetable, "expression", None) is not None:
+        return None
+    if getattr(timetable, "_expression", None) is not None:
+        return None
+    delta = getattr(timetable, "delta", None) or getattr(timetable, "_delta", None)
+    if isinstance(delta, timedelta) or (delta is not None and hasattr(delta, "months")):
+        return delta
+    return None
+
+
 def dag_period(dag: Any) -> Period:
     """The business period of a DAG: its ``exactly-once-period:`` tag, else its schedule's.
 
@@ -106,6 +125,12 @@ def dag_period(dag: Any) -> Period:
     if interval is None:
         return Period.DAY
     return Period.of_interval(interval)
+
+
+def allows_future_dates(dag: Any) -> bool:
+    """Whether the DAG declares (tag ``exactly-once-allow-future-dates``) that a run's conf may
+    name a business date whose period has not begun."""
+    return ALLOW_FUTURE_TAG in (getattr(dag, "tags", None) or ())
 
 
 _ONE_NAME = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -155,15 +180,20 @@ def map_key(context: Mapping[str, Any]) -> str | None:
     template = context.get("map_index_template") or getattr(
         context.get("task"), "map_index_template", None
     )
-    if not rendered and template:
-        rendered = _render_before_work(context, template)
+    if rendered:
+        # Airflow's own rendering includes the template's blanks: cut as before (a name that
+        # differs only by its blanks then collides, and the collision check names both)
+        rendered = str(rendered).strip()
+    elif template:
+        # the template's own blanks are not the item's: a name's blanks are part of its key
+        rendered = _render_before_work(context, template.strip())
     if not rendered or not str(rendered).strip():
         raise InvalidLeaseInput(
             f"mapped task {ti.task_id!r} (map index {ti.map_index}) has no map_index_template: "
             "a protected mapped task must name each item, e.g. "
             "map_index_template='{{ task.op_kwargs[\"tenant\"] }}'"
         )
-    return str(rendered).strip().replace("/", "_")
+    return escape_map_key(rendered)
 
 
 def target_from_context(
@@ -175,8 +205,9 @@ def target_from_context(
     """The business identity of the running try described by ``context``.
 
     Raises:
-        InvalidLeaseInput: a malformed conf ``business_date``; a manual run with no logical date
-            and no ``business_date``; a mapped task with no ``map_index_template``.
+        InvalidLeaseInput: a malformed conf ``business_date``, or one whose period has not begun
+            (unless the DAG allows future dates); a manual run with no logical date and no
+            ``business_date``; a mapped task with no ``map_index_template``.
     """
     dag = context["dag"]
     dag_run = context["dag_run"]
@@ -188,6 +219,8 @@ def target_from_context(
         getattr(dag_run, "logical_date", None),
         period=chosen,
         timezone=timezone or dag_timezone(dag),
+        now=None if allows_future_dates(dag) else datetime.now(UTC),
+        step=schedule_step(getattr(dag, "timetable", None)),
     )
     map_index = getattr(ti, "map_index", -1)
     key = lease_key(ti.dag_id, ti.task_id, business_date, map_key(context))

@@ -2,20 +2,52 @@
 
 from __future__ import annotations
 
-import re
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from airflow_plugins.keys import LeaseKey, lease_key
+from croniter import croniter
+
+from airflow_plugins.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
 from airflow_plugins.lease import InvalidLeaseInput
-from bridge.spec import RUN_TASK_ID, RunMode
+from bridge.spec import RUN_TASK_ID, DagSpec, RunMode
 
 WORKFLOW_ID_PREFIX = "dagrun:"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-:@+=]")
 
 
 def run_key(dag_id: str, business_date: str) -> LeaseKey:
     """The key of a whole business run of a DAG (``billing_nightly/dagrun/2024-02-15``)."""
     return lease_key(dag_id, RUN_TASK_ID, business_date)
+
+
+def tick_business_date(spec: DagSpec, nominal: datetime) -> str:
+    """The business date of a Temporal Schedule's tick (``temporal-scheduled`` mode), from the
+    tick's nominal time: the key Airflow gave the same run.
+
+    A cron trigger's run is keyed by its fire time; a ``CronDataIntervalTimetable`` run by the
+    start of the interval the tick closes (the previous fire, found as Airflow's own timetable
+    finds it), so both engines key the run alike.
+    """
+    moment = nominal
+    if spec.timetable == "CronDataIntervalTimetable" and spec.schedule:
+        moment = _interval_start(spec.schedule, spec.timezone, nominal)
+    return business_period(moment, Period(spec.period), spec.timezone)
+
+
+def _interval_start(expression: str, timezone: str, end: datetime) -> datetime:
+    """The cron fire before ``end``, as Airflow's ``CronMixin._get_prev`` computes it: a cron
+    that fires every hour steps back in absolute time (across a fold), any other is read on the
+    local wall clock."""
+    zone = ZoneInfo(timezone)
+    end = datetime.fromtimestamp(end.timestamp(), UTC)  # a plain datetime (not pendulum's)
+    local = end.astimezone(zone)
+    naive = local.replace(tzinfo=None)
+    cron = croniter(expression, start_time=naive)
+    previous: datetime = cron.get_prev(datetime)
+    if cron.expanded[1] == ["*"]:
+        start: datetime = end - (naive - previous)
+        return start
+    return previous.replace(tzinfo=zone).astimezone(UTC)
 
 
 def workflow_id(
@@ -62,7 +94,26 @@ def map_key_of(value: Any, field: str | None) -> str:
         raise InvalidLeaseInput(
             f"mapped item {value!r} is not a string or integer: set map_key_field to name it"
         )
-    text = _UNSAFE.sub("_", str(value))
-    if not text:
-        raise InvalidLeaseInput("a mapped item's key must not be empty")
-    return text
+    return escape_map_key(value)
+
+
+def map_items(values: list[Any], field: str | None) -> tuple[tuple[str, Any], ...]:
+    """Each mapped item with its map key, in order.
+
+    Raises:
+        InvalidLeaseInput: an item has no usable name, or two items key alike (the error names
+            both: the second would be handed the first one's result and never run).
+    """
+    items: list[tuple[str, Any]] = []
+    first: dict[str, int] = {}
+    for index, value in enumerate(values):
+        key = map_key_of(value, field)
+        if key in first:
+            raise InvalidLeaseInput(
+                f"mapped item {first[key]} ({values[first[key]]!r}) and item {index} "
+                f"({value!r}) both key as {key!r}: each item of a mapped task needs a name "
+                "of its own"
+            )
+        first[key] = index
+        items.append((key, value))
+    return tuple(items)

@@ -82,6 +82,12 @@ class TaskSpec:
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
 
 
+# Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
+# data-interval one keys each tick by the interval it closes: identity.tick_business_date).
+# Shown run for run on the real server by tests/bridge/test_schedule_keys.py.
+SCHEDULABLE_TIMETABLES = frozenset({"CronTriggerTimetable", "CronDataIntervalTimetable"})
+
+
 @dataclasses.dataclass(frozen=True)
 class DagSpec:
     """A DAG as the bridge runs it.
@@ -92,6 +98,8 @@ class DagSpec:
         period: the business-date grain (``keys.Period`` value).
         timezone: the DAG's timezone (business dates are cut in it).
         schedule: the DAG's cron expression, for ``temporal-scheduled``.
+        timetable: the class name of the DAG's Airflow timetable (what ``temporal-scheduled``
+            must reproduce; None in specs from before it was recorded: a cron trigger).
         lane: the priority lane (task queue suffix) its work runs on.
     """
 
@@ -101,6 +109,7 @@ class DagSpec:
     timezone: str = "UTC"
     schedule: str | None = None
     lane: str = "default"
+    timetable: str | None = None
 
     def task(self, task_id: str) -> TaskSpec:
         """The task named ``task_id``.

@@ -31,7 +31,14 @@ from typing import Any
 
 from airflow_plugins.task_key import dag_period, dag_timezone
 from bridge.execution import XCOM_ARGUMENT
-from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, TaskKind, TaskSpec
+from bridge.spec import (
+    SCHEDULABLE_TIMETABLES,
+    UPSTREAM_MARKER,
+    DagSpec,
+    RetrySpec,
+    TaskKind,
+    TaskSpec,
+)
 
 SIDE_EFFECT_FREE_TAG = "side-effect-free"
 LANE_TAG = "bridge-lane:"
@@ -106,16 +113,22 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
             specs.append(task_spec(task, side_effect_free=free, render=render))
         except _NotTranslatable as exc:
             bad.append(Untranslatable(task.task_id, type(task).__name__, str(exc)))
-    expression = getattr(getattr(dag, "timetable", None), "expression", None)
-    if expression is None:
-        notes.append("no cron schedule: temporal-scheduled mode is not available")
+    timetable = getattr(dag, "timetable", None)
+    expression = getattr(timetable, "expression", None) or getattr(timetable, "_expression", None)
+    kind = type(timetable).__name__ if timetable is not None else None
+    if kind not in SCHEDULABLE_TIMETABLES:
+        notes.append(
+            f"its timetable {kind} cannot be reproduced by a Temporal Schedule: "
+            "temporal-scheduled mode is not available"
+        )
     spec = DagSpec(
         dag_id=dag.dag_id,
         tasks=tuple(specs),
         period=dag_period(dag).value,
         timezone=dag_timezone(dag),
-        schedule=expression,
+        schedule=expression if isinstance(expression, str) else None,
         lane=lane,
+        timetable=kind,
     )
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
 

@@ -23,12 +23,11 @@ from temporalio.exceptions import (
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from airflow_plugins.keys import Period, business_period
     from airflow_plugins.lease import InvalidLeaseInput
     from bridge.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
     from bridge.comparison import CompareInput
     from bridge.graph import graph_problems, referenced, shadow_refusals, topological
-    from bridge.identity import map_key_of, workflow_id
+    from bridge.identity import map_items, tick_business_date, workflow_id
     from bridge.spec import (
         DagRunInput,
         DagRunResult,
@@ -225,11 +224,9 @@ class DagRunWorkflow:
         if not isinstance(values, list):
             return TaskOutcome("failed", error=f"{task.map_over} did not return a list to map")
         try:
-            items = tuple((map_key_of(v, task.map_key_field), v) for v in values)
+            items = map_items(values, task.map_key_field)
         except InvalidLeaseInput as exc:
-            return TaskOutcome("failed", error=str(exc))
-        if len({k for k, _ in items}) != len(items):
-            return TaskOutcome("failed", error=f"{task.task_id}: two mapped items share a key")
+            return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
         if len(items) <= inp.fanout_threshold:
             got = await _run_items(template, items, PARALLEL_ITEMS)
             results = [r if isinstance(r, TaskResult) else None for r in got]
@@ -310,7 +307,7 @@ class ScheduledDagWorkflow:
         """Starts (or finds) the business run of this schedule tick; returns what it did."""
         spec = inp.spec
         nominal = workflow.info().typed_search_attributes.get(SCHEDULED_START) or workflow.now()
-        business_date = business_period(nominal, Period(spec.period), spec.timezone)
+        business_date = tick_business_date(spec, nominal)
         mode = await workflow.execute_activity_method(
             BridgeActivities.fixed_mode,
             FixedModeInput(spec.dag_id, f"scheduled__{business_date}"),

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from airflow_plugins import sla
+from airflow_plugins.keys import FOLD_SUFFIX
 from airflow_plugins.lease import LeaseStore, masking
 from airflow_plugins.views import charts
 from airflow_plugins.views.audit_answer import RunAnswer, answer
@@ -153,6 +154,9 @@ def audit_page(
         "dag_id": dag_id,
         "period_from": business_date,
         "period_to": business_date + "~",  # '~' sorts after every character of a period
+        # the same period's second occurrence is another period (keys.FOLD_SUFFIX)
+        "fold_from": business_date + FOLD_SUFFIX,
+        "fold_to": business_date + FOLD_SUFFIX + "~",
         "limit": limit,
     }
     rows = _rows(store, "audit_of_run", params)

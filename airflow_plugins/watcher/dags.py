@@ -154,7 +154,7 @@ def _dag_of_version(session: Any, dag_id: str, dag_hash: str | None) -> Any:
 
 def watched_dag(dag: Any, now: datetime, *, first_seen: datetime | None = None) -> WatchedDag:
     """A ``WatchedDag`` for a serialized Airflow DAG (runs expected from ``first_seen`` on)."""
-    from airflow_plugins.task_key import dag_period, dag_timezone
+    from airflow_plugins.task_key import dag_period, dag_timezone, schedule_step
 
     schedule = TimetableSchedule(dag.timetable)
     starts = [moment for moment in (dag.start_date, first_seen) if moment is not None]
@@ -168,4 +168,5 @@ def watched_dag(dag: Any, now: datetime, *, first_seen: datetime | None = None) 
         timezone=dag_timezone(dag),
         deadline=settings.deadline_for(dag.dag_id, interval),
         start=start,
+        step=schedule_step(dag.timetable),
     )

@@ -57,6 +57,7 @@ class WatchedDag:
         deadline: how long after its scheduled time a run may finish before it is missed.
         tasks: protected task ids known up front (others are learnt from the leases).
         start: no run before this instant is expected (the DAG's start date, or when it opted in).
+        step: a delta schedule's step, so a repeated local period keys as the tasks key it.
     """
 
     dag_id: str
@@ -66,6 +67,7 @@ class WatchedDag:
     deadline: timedelta = DEFAULT_DEADLINE
     tasks: tuple[str, ...] = ()
     start: datetime | None = None
+    step: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +159,7 @@ def expected_runs(dag: WatchedDag, start: datetime, end: datetime) -> Iterator[E
     for logical_date, scheduled_at in dag.schedule.runs_between(start, end):
         if scheduled_at < start or scheduled_at > end:
             continue
-        business_date = business_period(logical_date, dag.period, dag.timezone)
+        business_date = business_period(logical_date, dag.period, dag.timezone, step=dag.step)
         if business_date in seen:
             continue
         seen.add(business_date)

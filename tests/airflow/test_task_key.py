@@ -9,7 +9,7 @@ import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from airflow_plugins.keys import Period
+from airflow_plugins.keys import Period, escape_map_key
 from airflow_plugins.lease import InvalidLeaseInput
 from airflow_plugins.task_key import dag_period, target_from_context
 from tests.airflow.conftest import task_context
@@ -148,8 +148,8 @@ def test_a_one_name_template_keys_as_jinja_renders_it(
     task.op_kwargs = {"tenant": value}  # type: ignore[attr-defined]
     context = task_context(task, logical_date=datetime(2024, 2, 15, 2, tzinfo=UTC), map_index=0)
     context["map_index_template"] = template
-    rendered = task.dag.get_template_env().from_string(template).render(tenant=value)
-    expected = rendered.strip().replace("/", "_")
+    rendered = task.dag.get_template_env().from_string(template.strip()).render(tenant=value)
+    expected = escape_map_key(rendered)
     assert str(target_from_context(context).key) == f"billing_nightly/charge/2024-02-15/{expected}"
 
 

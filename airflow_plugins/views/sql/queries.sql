@@ -50,23 +50,30 @@ LIMIT %(limit)s;
 
 -- name: audit_of_run
 -- Every audit row of one DAG's keys for a business date (all periods that start with it:
--- the day's hours for an hourly DAG; shadow keys included). Uses the audit_dag_period index.
+-- the day's hours for an hourly DAG; shadow keys included), but not the second occurrence of
+-- the same period (the fold range: '2024-10-27T02.fold' is another hour than '2024-10-27T02').
+-- Uses the audit_dag_period index.
 SELECT id, at, key, event, token, holder, attempt, business_date, input, output,
        duration_ms, outcome, actor, reason
 FROM runlease.audit
 WHERE split_part(key, '/', 1) = %(dag_id)s
   AND split_part(key, '/', 3) COLLATE "C" >= %(period_from)s
   AND split_part(key, '/', 3) COLLATE "C" < %(period_to)s
+  AND NOT (split_part(key, '/', 3) COLLATE "C" >= %(fold_from)s
+           AND split_part(key, '/', 3) COLLATE "C" < %(fold_to)s)
 ORDER BY at, id
 LIMIT %(limit)s;
 
 -- name: leases_of_run
--- The current lease rows of one DAG's keys for a business date (the lease_dag_period index).
+-- The current lease rows of one DAG's keys for a business date, as audit_of_run chooses them
+-- (the lease_dag_period index).
 SELECT key, state, token, holder, attempt, acquired_at, finished_at, result, error, takeovers
 FROM runlease.lease
 WHERE split_part(key, '/', 1) = %(dag_id)s
   AND split_part(key, '/', 3) COLLATE "C" >= %(period_from)s
   AND split_part(key, '/', 3) COLLATE "C" < %(period_to)s
+  AND NOT (split_part(key, '/', 3) COLLATE "C" >= %(fold_from)s
+           AND split_part(key, '/', 3) COLLATE "C" < %(fold_to)s)
 ORDER BY key
 LIMIT %(limit)s;
 
