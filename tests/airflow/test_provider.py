@@ -77,12 +77,10 @@ def test_airflow_lists_the_provider_its_config_and_the_plugin(tmp_path: Path) ->
     for name, option in config.OPTIONS.items():
         assert f"\n{name} = {option.default}" in listed, name
 
-    ttl = _airflow(tmp_path, "config", "get-value", "exactly_once", "ttl")
-    assert ttl.stdout.strip() == "60"
-    lanes = _airflow(
-        tmp_path, "config", "get-value", "bridge", "lanes", AIRFLOW__BRIDGE__LANES="billing:2"
+    ttl = _airflow(
+        tmp_path, "config", "get-value", "exactly_once", "ttl", AIRFLOW__EXACTLY_ONCE__TTL="30"
     )
-    assert lanes.stdout.strip() == "billing:2"
+    assert ttl.stdout.strip() == "30"
 
     plugins = json.loads(_airflow(tmp_path, "plugins", "-o", "json").stdout)
     ours = [p for p in plugins if p["name"] == "exactly_once"]
