@@ -59,28 +59,60 @@ class Option:
     type: type
     default: str
     description: str
+    example: str = ""
+    """A value a user might set (shown by ``airflow config list``; empty: the default)."""
+    sensitive: bool = False
+    """Whether the value may carry a secret (hidden by Airflow's config views)."""
 
 
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
-        Option("enabled", bool, "True", "protect at all (False: bodies run plainly)"),
-        Option("lease_conn_id", str, "exactly_once_leases", "Connection of the lease store"),
-        Option("lease_dsn", str, "", "DSN of the lease store; overrides lease_conn_id"),
-        Option("ttl", float, "60", "seconds a lease lives unless renewed"),
-        Option("heartbeat", float, "0", "seconds between renewals (0: ttl / 3)"),
-        Option("opt_in_tag", str, "exactly-once", "DAG tag that opts a DAG into the policy"),
-        Option("horizon_days", int, "400", "retention horizon of the lease store, days"),
-        Option("wait_poll_interval", float, "5", "seconds between checks while deferred"),
-        Option("wait_at_least", float, "10", "seconds a deferred task waits before resuming"),
-        Option("router", str, "", "module:attribute of the Router deciding the engine"),
+        Option("enabled", bool, "True", "protect at all (False: bodies run plainly)", "False"),
+        Option(
+            "lease_conn_id",
+            str,
+            "exactly_once_leases",
+            "Connection of the lease store",
+            "exactly_once_leases",
+        ),
+        Option(
+            "lease_dsn",
+            str,
+            "",
+            "DSN of the lease store; overrides lease_conn_id",
+            "postgresql://runlease@leases-db/leases",
+            sensitive=True,
+        ),
+        Option("ttl", float, "60", "seconds a lease lives unless renewed", "30"),
+        Option("heartbeat", float, "0", "seconds between renewals (0: ttl / 3)", "10"),
+        Option(
+            "opt_in_tag", str, "exactly-once", "DAG tag that opts a DAG into the policy", "billing"
+        ),
+        Option("horizon_days", int, "400", "retention horizon of the lease store, days", "800"),
+        Option("wait_poll_interval", float, "5", "seconds between checks while deferred", "2"),
+        Option("wait_at_least", float, "10", "seconds a deferred task waits before resuming", "5"),
+        Option(
+            "router",
+            str,
+            "",
+            "module:attribute of the Router deciding the engine",
+            "bridge.routing:BridgeRouter",
+        ),
         Option(
             "complete_timeout",
             float,
             "3600",
             "seconds a try whose work returned retries recording it while the store is away",
+            "600",
         ),
-        Option("agent_socket", str, "", "Unix socket of this host's lease agent (runlease agent)"),
+        Option(
+            "agent_socket",
+            str,
+            "",
+            "Unix socket of this host's lease agent (runlease agent)",
+            "/run/runlease/agent.sock",
+        ),
     )
 }
 

@@ -9,14 +9,16 @@
     worker [--lane L]                           the bridge worker
     handover                                    (internal) JSON request on stdin
 
-Settings come from the environment / airflow.cfg (see ``bridge.config``). Exit codes: 0 done,
-1 refused (the message says why), 2 usage, 3 unreachable (Temporal or the lease store).
+Settings come from the environment / airflow.cfg (see ``bridge.config``). ``--json`` (before or
+after the command) prints JSON lines for scripts. Exit codes: 0 done, 1 refused (the message
+says why), 2 usage or configuration, 3 unreachable (Temporal or the lease store).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -24,9 +26,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from temporalio.converter import value_to_type
 
 from airflow_plugins.lease import InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable
+from airflow_plugins.lease.command_line import (
+    EXIT_CODES,
+    EXIT_USAGE,
+    CommandParser,
+    add_global_options,
+    fail,
+)
 from bridge.client import TemporalUnavailable, connect
 from bridge.comparison import ready, recent
 from bridge.config import BridgeConfig, ConfigError
@@ -49,24 +59,38 @@ def _store(config: BridgeConfig) -> LeaseStore:
     return LeaseStore(dsn)
 
 
-def _dags(folder: str | None) -> dict[str, Any]:
+def _dags(folder: str | None, errors: list[str] | None = None) -> dict[str, Any]:
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(folder, safe_mode=False) if folder else DagBag(safe_mode=False)
+    if folder and os.path.abspath(folder) not in map(os.path.abspath, sys.path):
+        # as Airflow does for its own DAG folder: DAG files import their folder's modules
+        sys.path.insert(0, os.path.abspath(folder))
+    with contextlib.redirect_stdout(sys.stderr):  # Airflow logs the parse on stdout: keep
+        bag = DagBag(folder, safe_mode=False) if folder else DagBag(safe_mode=False)  # it clean
     for path, error in bag.import_errors.items():
-        print(f"import error in {path}: {error}", file=sys.stderr)
+        last = str(error).strip().splitlines()[-1] if str(error).strip() else "import failed"
+        print(f"import error in {path}: {last}", file=sys.stderr)
+        if errors is not None:
+            errors.append(path)
     return dict(bag.dags)
 
 
 def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
-    """Prints the translatability report; exit 1 when any DAG is not translatable."""
+    """Prints the translatability report; exit 1 when any DAG is not translatable (or does not
+    import)."""
     from bridge.translate import inventory
 
-    found = inventory(_dags(args.dags_folder or config.dags_folder).values())
+    errors: list[str] = []
+    with contextlib.redirect_stdout(sys.stderr):  # Airflow's log lines, not the report
+        found = inventory(_dags(args.dags_folder or config.dags_folder, errors).values())
     for translation in found:
-        print(translation.report())
-    print(json.dumps({"dags": len(found), "translatable": sum(t.ok for t in found)}))
-    return 0 if all(t.ok for t in found) else EXIT_REFUSED
+        if args.json:
+            print(json.dumps({"dag_id": translation.dag_id, "translatable": translation.ok}))
+        else:
+            print(translation.report())
+    summary = {"dags": len(found), "translatable": sum(t.ok for t in found)}
+    print(json.dumps({**summary, "import_errors": len(errors)} if errors else summary))
+    return 0 if all(t.ok for t in found) and not errors else EXIT_REFUSED
 
 
 def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
@@ -75,10 +99,14 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
         modes = ModeStore(store)
         if args.action == "list":
             for row in modes.describe():
-                print(f"{row['dag_id']}\t{row['mode']}\tv{row['version']}\t{row['changed_by']}")
+                if args.json:
+                    print(json.dumps(row, default=str, sort_keys=True))
+                else:
+                    print(f"{row['dag_id']}\t{row['mode']}\tv{row['version']}\t{row['changed_by']}")
             return 0
         if args.action == "get":
-            print(modes.get(args.dag_id).value)
+            mode = modes.get(args.dag_id).value
+            print(json.dumps({"dag_id": args.dag_id, "mode": mode}) if args.json else mode)
             return 0
         target = CutoverMode.parse(args.mode)
         current = modes.get(args.dag_id)
@@ -91,9 +119,22 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             force=args.force,
             ready=is_ready,
         )
-        print(
-            f"{args.dag_id}: {change.previous.value} -> {change.current.value} (v{change.version})"
-        )
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "dag_id": args.dag_id,
+                        "previous": change.previous.value,
+                        "current": change.current.value,
+                        "version": change.version,
+                    }
+                )
+            )
+        else:
+            print(
+                f"{args.dag_id}: {change.previous.value} -> {change.current.value} "
+                f"(v{change.version})"
+            )
         _apply_schedule(args, config, current, target)
         return 0
 
@@ -138,6 +179,9 @@ def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
     """Prints a DAG's latest comparisons and whether it is ready to cut over."""
     with _store(config) as store:
         for row in recent(store, args.dag_id, args.limit):
+            if args.json:
+                print(json.dumps(row, default=str, sort_keys=True))
+                continue
             verdict = "match" if row["matched"] else "DIFF"
             print(
                 f"{row['business_date']}\t{verdict}\tairflow={row['primary_status']} "
@@ -158,7 +202,19 @@ def cmd_cancel(args: argparse.Namespace, config: BridgeConfig) -> int:
         await cancel(await connect(config), args.workflow_id)
 
     asyncio.run(run())
+    if args.json:
+        print(json.dumps({"workflow_id": args.workflow_id, "cancel_requested": True}))
     return 0
+
+
+EXAMPLES = """examples:
+  bridge inventory --dags-folder /opt/airflow/dags --json
+  bridge mode set billing_nightly shadow --actor alice --reason "start dual run"
+  bridge mode get billing_nightly --json
+  bridge compare billing_nightly --limit 5
+  bridge worker --lane billing
+
+"""
 
 
 def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
@@ -202,14 +258,21 @@ def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The command line."""
-    top = argparse.ArgumentParser(
-        prog="bridge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = top.add_subparsers(dest="command", required=True)
-    inv = sub.add_parser("inventory", help="translatability report")
+    top = CommandParser(prog="bridge", description=__doc__, epilog=EXAMPLES + EXIT_CODES)
+    add_global_options(top, top=True)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=CommandParser)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        examples = [line for line in EXAMPLES.splitlines() if line.startswith(f"  bridge {name}")]
+        epilog = "examples:\n" + "\n".join(examples) + "\n\n" if examples else ""
+        made = sub.add_parser(name, help=text, description=text, epilog=epilog + EXIT_CODES)
+        add_global_options(made, top=False)
+        return made
+
+    inv = command("inventory", "translatability report")
     inv.add_argument("--dags-folder")
     inv.set_defaults(run=cmd_inventory)
-    mode = sub.add_parser("mode", help="cutover modes")
+    mode = command("mode", "cutover modes")
     mode.add_argument("action", choices=["list", "get", "set"])
     mode.add_argument("dag_id", nargs="?")
     mode.add_argument("mode", nargs="?")
@@ -220,16 +283,16 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--no-airflow-pause", action="store_true")
     mode.add_argument("--dags-folder")
     mode.set_defaults(run=cmd_mode)
-    cmp = sub.add_parser("compare", help="shadow comparisons")
+    cmp = command("compare", "shadow comparisons")
     cmp.add_argument("dag_id")
     cmp.add_argument("--limit", type=int, default=10)
     cmp.set_defaults(run=cmd_compare)
-    can = sub.add_parser("cancel", help="cancel a handed-over run")
+    can = command("cancel", "cancel a handed-over run")
     can.add_argument("workflow_id")
     can.set_defaults(run=cmd_cancel)
-    hand = sub.add_parser("handover", help="(internal) start or attach, JSON on stdin")
+    hand = command("handover", "(internal) start or attach, JSON on stdin")
     hand.set_defaults(run=cmd_handover)
-    work = sub.add_parser("worker", help="run the bridge worker")
+    work = command("worker", "run the bridge worker")
     work.add_argument("--lane", action="append")
     work.set_defaults(run=None)
     return top
@@ -243,20 +306,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         worker_main([arg for lane in args.lane or [] for arg in ("--lane", lane)])
     if args.command == "mode" and args.action != "list" and not args.dag_id:
-        print("mode get/set needs a DAG id", file=sys.stderr)
-        os._exit(2)
+        os._exit(fail("bridge", "mode get/set needs a DAG id", EXIT_USAGE))
     if args.command == "mode" and args.action == "set" and not args.mode:
-        print("mode set needs a mode", file=sys.stderr)
-        os._exit(2)
+        os._exit(fail("bridge", "mode set needs a mode", EXIT_USAGE))
     try:
         config = None if args.command == "handover" else BridgeConfig.load()
         code = args.run(args, config)
-    except (TemporalUnavailable, LeaseStoreUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        code = EXIT_UNREACHABLE
-    except (InvalidLeaseInput, ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        code = EXIT_REFUSED
+    except (TemporalUnavailable, LeaseStoreUnavailable, psycopg.OperationalError) as exc:
+        code = fail("bridge", exc, EXIT_UNREACHABLE)
+    except ConfigError as exc:
+        code = fail("bridge", exc, EXIT_USAGE)
+    except (InvalidLeaseInput, ValueError, psycopg.Error) as exc:
+        code = fail("bridge", exc, EXIT_REFUSED)
+    except Exception as exc:  # one line, never a traceback (fail closed: nothing half-done)
+        code = fail("bridge", f"{type(exc).__name__}: {exc}", EXIT_REFUSED)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

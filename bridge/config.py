@@ -32,6 +32,93 @@ import os
 DEFAULT_LANES = "billing:16,default:8,analytics:4"
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One declared setting: its environment variable, its ``[bridge]`` option and meaning.
+
+    The provider's ``get_provider_info`` (``airflow_plugins.provider_info``) publishes these to
+    ``airflow config list``; ``BridgeConfig``'s defaults are checked against them by a test.
+    """
+
+    env: str
+    option: str
+    type: type
+    default: str
+    description: str
+    example: str
+    sensitive: bool = False
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "BRIDGE_TEMPORAL_ADDR",
+        "temporal_address",
+        str,
+        "localhost:7233",
+        "host:port of the Temporal frontend",
+        "temporal:7233",
+    ),
+    Setting("BRIDGE_NAMESPACE", "namespace", str, "default", "Temporal namespace", "billing"),
+    Setting(
+        "BRIDGE_QUEUE_PREFIX",
+        "task_queue_prefix",
+        str,
+        "bridge",
+        "prefix of the lanes' task queues (<prefix>-<lane>)",
+        "bridge",
+    ),
+    Setting(
+        "BRIDGE_LANES",
+        "lanes",
+        str,
+        DEFAULT_LANES,
+        "priority lanes and their activity slots per worker, name:slots,...",
+        "billing:32,default:8",
+    ),
+    Setting(
+        "BRIDGE_LEASE_DSN",
+        "lease_dsn",
+        str,
+        "",
+        "the lease store's DSN (required by the worker)",
+        "postgresql://runlease@leases-db/leases",
+        sensitive=True,
+    ),
+    Setting(
+        "BRIDGE_DAGS_FOLDER",
+        "dags_folder",
+        str,
+        "",
+        "DAG folder the worker imports DAG code from (empty: registered/importable code only)",
+        "/opt/airflow/dags",
+    ),
+    Setting(
+        "BRIDGE_MAX_PAYLOAD",
+        "max_payload_bytes",
+        int,
+        "2000000",
+        "largest payload handed to Temporal, bytes (under its 2 MiB blob limit)",
+        "1000000",
+    ),
+    Setting(
+        "BRIDGE_READY_AFTER",
+        "ready_after",
+        int,
+        "5",
+        "matching shadow runs before a DAG is ready to cut over",
+        "10",
+    ),
+    Setting(
+        "BRIDGE_COMPARE_POLL_S",
+        "compare_poll_s",
+        float,
+        "30",
+        "seconds between a shadow run's checks for the primary's end",
+        "10",
+    ),
+)
+
+
 class ConfigError(ValueError):
     """A setting with a value the bridge cannot use."""
 

@@ -11,7 +11,9 @@
 
 The lease store is named by ``--dsn`` or the ``EXACTLY_ONCE_LEASE_DSN`` environment variable
 (``agent`` also reads the plugin's ``[exactly_once]`` options when Airflow is installed).
-Administrative changes record the actor (``--actor``, default the login name) and the reason.
+``--dsn`` and ``--json`` go before or after the subcommand. Administrative changes record the
+actor (``--actor``, default the login name) and the reason. Exit codes: 0 done, 1 refused or
+failed, 2 usage or configuration, 3 the lease store unreachable (see ``command_line``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,18 @@ from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from airflow_plugins.lease.errors import LeaseError
+import psycopg
+
+from airflow_plugins.lease.command_line import (
+    EXIT_CODES,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CommandParser,
+    add_global_options,
+    fail,
+)
+from airflow_plugins.lease.errors import LeaseError, LeaseStoreUnavailable
 from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
 from airflow_plugins.lease.queries import query
 from airflow_plugins.lease.store import LeaseStore
@@ -36,16 +49,41 @@ _LIST_COLUMNS = ("key", "state", "token", "attempt", "takeovers", "expires_at", 
 _HISTORY_COLUMNS = ("at", "event", "outcome", "token", "attempt", "duration_ms", "actor", "reason")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runlease", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=os.environ.get(DSN_ENV), help=f"lease store (${DSN_ENV})")
-    parser.add_argument("--json", action="store_true", help="print JSON lines")
-    sub = parser.add_subparsers(dest="command", required=True)
+KEY_EXAMPLE = "billing_nightly/charge/2024-02-15"
+EXAMPLES = {
+    "migrate": "runlease migrate --dsn postgresql://runlease@leases-db/leases "
+    "--sink postgresql://billing@billing-db/billing",
+    "leases": "runlease leases --live --prefix billing_nightly/ --json",
+    "history": f"runlease history {KEY_EXAMPLE} --json",
+    "force-release": f'runlease force-release {KEY_EXAMPLE} --reason "holder host lost"',
+    "override": f'runlease override {KEY_EXAMPLE} --reason "re-bill after refund fix"',
+    "maintain": "runlease maintain --prune --horizon-days 400 --audit-keep-months 14",
+    "agent": "runlease agent --socket /run/runlease/agent.sock",
+}
 
-    m = sub.add_parser("migrate", help="create or upgrade the lease store and sink fence tables")
+
+def _epilog(*names: str) -> str:
+    lines = "\n".join(f"  {EXAMPLES[n]}" for n in names)
+    return f"examples:\n{lines}\n\n{EXIT_CODES}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="runlease", description=__doc__.split("\n\n")[0], epilog=_epilog(*EXAMPLES)
+    )
+    dsn_help = f"lease store (${DSN_ENV})"
+    add_global_options(parser, top=True, dsn_default=os.environ.get(DSN_ENV), dsn_help=dsn_help)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        made = sub.add_parser(name, help=text, description=text, epilog=_epilog(name))
+        add_global_options(made, top=False, dsn_help=dsn_help)
+        return made
+
+    m = command("migrate", "create or upgrade the lease store and sink fence tables")
     m.add_argument("--sink", action="append", default=[], help="a sink database to fence")
 
-    ls = sub.add_parser("leases", help="list leases")
+    ls = command("leases", "list leases")
     which = ls.add_mutually_exclusive_group()
     which.add_argument("--live", action="store_true", help="running leases")
     which.add_argument("--expired", action="store_true", help="running but past expiry")
@@ -57,26 +95,26 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--hours", type=int, default=24, help="audit window for --refused/--blocked")
     ls.add_argument("--limit", type=int, default=100)
 
-    h = sub.add_parser("history", help="a key's audit trail")
+    h = command("history", "a key's audit trail")
     h.add_argument("key")
 
     for name, text in (
         ("force-release", "release a running lease whoever holds it"),
         ("override", "approve one more run of a succeeded (or pruned) key"),
     ):
-        admin = sub.add_parser(name, help=text)
+        admin = command(name, text)
         admin.add_argument("key")
         admin.add_argument("--reason", required=True, help="why (recorded in the audit)")
         admin.add_argument("--actor", default=_login(), help="who (default: login name)")
         if name == "override":
             admin.add_argument("--business-date", type=date.fromisoformat)
 
-    mt = sub.add_parser("maintain", help="create audit partitions ahead; optionally prune")
+    mt = command("maintain", "create audit partitions ahead; optionally prune")
     mt.add_argument("--months-ahead", type=int, default=3)
     mt.add_argument("--prune", action="store_true", help="drop old audit months and leases")
     mt.add_argument("--horizon-days", type=int, default=400)
     mt.add_argument("--audit-keep-months", type=int, default=14)
-    ag = sub.add_parser("agent", help="serve protected tries' lease statements on a socket")
+    ag = command("agent", "serve protected tries' lease statements on a socket")
     ag.add_argument("--socket", help="Unix socket (default: [exactly_once] agent_socket)")
     ag.add_argument("--workers", type=int, default=8, help="requests served at once")
     ag.add_argument(
@@ -115,16 +153,15 @@ def _agent(args: argparse.Namespace) -> int:
         try:
             dsn = dsn or config.lease_dsn()
         except LeaseError as exc:
-            print(f"runlease agent: {exc}", file=sys.stderr)
-            return 2
+            return fail("runlease agent", exc, EXIT_USAGE)
         path = path or config.agent_socket()
     if not dsn or not path:
-        print(
-            f"runlease agent: name the lease store (--dsn, ${DSN_ENV} or [exactly_once]) and "
+        return fail(
+            "runlease agent",
+            f"name the lease store (--dsn, ${DSN_ENV} or [exactly_once]) and "
             "the socket (--socket or [exactly_once] agent_socket)",
-            file=sys.stderr,
+            EXIT_USAGE,
         )
-        return 2
     if args.status:
         from airflow_plugins.lease.agent_client import AgentClient
 
@@ -203,44 +240,49 @@ def _maintain(store: LeaseStore, args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """Runs the command line; returns the exit code."""
-    args = _parser().parse_args(argv)
-    if args.command == "agent":
-        return _agent(args)
-    if not args.dsn and not (args.command == "migrate" and args.sink):
-        print(f"runlease: name the lease store with --dsn or ${DSN_ENV}", file=sys.stderr)
-        return 2
-    try:
-        if args.command == "migrate":
-            if args.dsn:
-                print(json.dumps({"lease_store": migrate(args.dsn, LEASE_STORE)}))
-            for sink in args.sink:
-                print(json.dumps({"sink": migrate(sink, SINK_FENCE)}))
-            return 0
-        with LeaseStore(args.dsn) as store:
-            if args.command == "leases":
-                _leases(store, args)
-            elif args.command == "history":
-                _print(store.history(args.key), _HISTORY_COLUMNS, args.json)
-            elif args.command == "force-release":
-                token = store.force_release(args.key, actor=args.actor, reason=args.reason)
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "migrate":
+        if args.dsn:
+            print(json.dumps({"lease_store": migrate(args.dsn, LEASE_STORE)}))
+        for sink in args.sink:
+            print(json.dumps({"sink": migrate(sink, SINK_FENCE)}))
+        return 0
+    with LeaseStore(args.dsn) as store:
+        if args.command == "leases":
+            _leases(store, args)
+        elif args.command == "history":
+            _print(store.history(args.key), _HISTORY_COLUMNS, args.json)
+        elif args.command == "force-release":
+            token = store.force_release(args.key, actor=args.actor, reason=args.reason)
+            if args.json:
+                print(json.dumps({"key": args.key, "released_token": token}))
+            else:
                 print(f"released token {token}" if token else "no running lease: nothing to do")
-            elif args.command == "override":
-                print(
-                    store.approve_rerun(
-                        args.key,
-                        actor=args.actor,
-                        reason=args.reason,
-                        business_date=args.business_date,
-                    )
-                )
-            elif args.command == "maintain":
-                _maintain(store, args)
-    except LeaseError as exc:
-        print(f"runlease: {exc}", file=sys.stderr)
-        return 1
+        elif args.command == "override":
+            approved = store.approve_rerun(
+                args.key, actor=args.actor, reason=args.reason, business_date=args.business_date
+            )
+            print(json.dumps({"key": args.key, "override": approved}) if args.json else approved)
+        elif args.command == "maintain":
+            _maintain(store, args)
     return 0
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (see ``command_line``)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "agent":
+            return _agent(args)
+        if not args.dsn and not (args.command == "migrate" and args.sink):
+            return fail("runlease", f"name the lease store with --dsn or ${DSN_ENV}", EXIT_USAGE)
+        return _command(args)
+    except (LeaseStoreUnavailable, psycopg.OperationalError) as exc:
+        return fail("runlease", exc, EXIT_UNREACHABLE)
+    except (LeaseError, psycopg.Error, ValueError) as exc:
+        return fail("runlease", exc, EXIT_REFUSED)
+    except KeyboardInterrupt:
+        return fail("runlease", "interrupted", EXIT_REFUSED)
 
 
 def main() -> None:

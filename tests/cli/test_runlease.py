@@ -112,5 +112,46 @@ def test_missing_dsn_is_a_clear_usage_error() -> None:
 
 def test_unreachable_store_fails_with_a_clear_error() -> None:
     done = runlease("postgresql://postgres@127.0.0.1:1/none?connect_timeout=1", "leases")
-    assert done.returncode == 1
+    assert done.returncode == 3
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
     assert "lease store unavailable" in done.stderr
+
+
+def test_global_options_go_after_the_subcommand_too(empty_db: str, sink_db: str) -> None:
+    done = runlease(None, "migrate", "--dsn", empty_db, "--sink", sink_db)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0]) == {"lease_store": [1]}
+    with LeaseStore(empty_db, ttl=30) as store:
+        lease = store.acquire(KEY, Holder.process("billing-a")).lease
+    after = runlease(None, "leases", "--live", "--dsn", empty_db, "--json")
+    before = runlease(empty_db, "--json", "leases", "--live")
+    assert after.stdout == before.stdout
+    assert [json.loads(line)["token"] for line in after.stdout.splitlines()] == [lease.token]
+    released = runlease(empty_db, "force-release", KEY, "--reason", "host lost", "--json")
+    assert json.loads(released.stdout) == {"key": KEY, "released_token": lease.token}
+
+
+def test_usage_errors_are_one_line_with_exit_2() -> None:
+    done = runlease(None, "leases", "--bogus")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "runlease: error: unrecognized arguments: --bogus (see runlease --help)"
+    )
+
+
+def test_help_shows_examples_and_exit_codes() -> None:
+    for args in (("--help",), ("migrate", "--help")):
+        done = runlease(None, *args)
+        assert done.returncode == 0
+        assert "examples:\n  runlease migrate --dsn" in done.stdout
+        assert "3  unreachable" in done.stdout
+
+
+def test_a_bad_sink_dsn_fails_on_one_line_and_migrates_nothing(empty_db: str) -> None:
+    done = runlease(
+        None, "migrate", "--dsn", empty_db, "--sink", "postgresql://nobody@127.0.0.1:1/x"
+    )
+    assert done.returncode == 3
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("runlease: error: ")
