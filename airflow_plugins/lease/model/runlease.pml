@@ -108,7 +108,9 @@ work:
         :: i < N && lost[h] -> goto restart          /* keeper.check(): LeaseLost, stop */
         :: i < N && !lost[h] && FAULT ->
            atomic { faults++; }                      /* the try fails: fail its lease */
-           /* @sql queries:finish sha=8b43b3ee7ee7 */
+           /* finish matches key, token and holder: the model's token guard (a holder's
+              token is its own, so the holder match only narrows it) */
+           /* @sql queries:finish sha=57b562df22a3 */
            atomic { store_up ->
                ldl[h] = false;                       /* its keeper stopped first */
                if
@@ -118,15 +120,19 @@ work:
            goto restart
         :: i < N && !lost[h] ->
            killed[h] = false;
-           /* fenced_transaction: the fence advanced first, under the fence row's lock */
-           /* @sql queries:fence_advance sha=e7e0d12dc595 */
+           /* fenced_transaction: the fence advanced first, under the fence row's lock (a
+              holder frozen inside its statement is ended by the newer holder's bounded
+              advance, fence_end_older_holders: modelled as the killed/cut session below) */
+           /* @sql queries:fence_advance_bounded sha=686fee3265f3 */
            atomic { sink_up && fence_lock == NOBODY ->
                if
                :: fence <= tok[h] -> fence_lock = h          /* GUARD: fence token */
                :: else -> goto restart                        /* StaleToken: stop */
                fi }
-           /* @sql queries:ledger_claim sha=e8b2b2464629 */
-           /* @sql table:runfence.ledger sha=69868d862a74 */
+           /* one ledger generation: an approved re-run's next one starts an empty ledger,
+              which this model does not explore */
+           /* @sql queries:ledger_claim sha=d0f8da4a2a5a */
+           /* @sql table:runfence.ledger sha=32aa930dd8b0 */
            atomic { claimed = (!killed[h] && !ledger[i]) }
            /* the business row and the commit */
            atomic {
@@ -151,7 +157,7 @@ work:
         /* the keeper stops just before the completion is sent; a pause there is a missed
            deadline like any other */
 complete:
-        /* @sql queries:finish sha=8b43b3ee7ee7 */
+        /* @sql queries:finish sha=57b562df22a3 */
         atomic { store_up ->
             if
             :: lstate == RUNNING && ltoken == tok[h] ->
