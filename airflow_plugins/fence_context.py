@@ -246,13 +246,13 @@ class Fence:
 
     def idempotency_key(self, item: str) -> str:
         """A stable per-item idempotency key (the same for every holder of the key)."""
-        return idempotency_key(self.key, item)
+        return idempotency_key(self.key, item, self.generation)
 
     def headers(self, item: str) -> dict[str, str]:
         """Headers that carry the fence to an HTTP sink: idempotency key, token, lease key."""
         if self.lease is None:
             return {"Idempotency-Key": self.idempotency_key(item)}
-        return http_headers(self.key, self.token, item)
+        return http_headers(self.key, self.token, item, self.generation)
 
     # -- external calls (a payment processor) -----------------------------------------------
 

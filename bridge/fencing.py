@@ -102,7 +102,7 @@ class BridgeFence(Fence):
 
     def idempotency_key(self, item: str) -> str:
         """The item's idempotency key: the primary's, also in shadow (one request, one key)."""
-        return idempotency_key(self.primary_key, item)
+        return idempotency_key(self.primary_key, item, self.generation)
 
     def external_calls(self) -> ExternalCalls:
         """The external calls; in shadow they are recorded (``would_send``), never sent."""

@@ -213,10 +213,7 @@ class ExternalCalls:
             key=self.key,
             item=_check_item(item),
             token=self.token,
-            # generation 0 keeps the keys every holder used before re-runs existed
-            idempotency_key=idempotency_key(
-                self.scope, item if self.generation == 0 else f"{item}#{self.generation}"
-            ),
+            idempotency_key=idempotency_key(self.scope, item, self.generation),
             params=_json_params(params),
         )
 

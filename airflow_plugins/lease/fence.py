@@ -49,9 +49,17 @@ def _check_item(item: object) -> str:
     return item
 
 
-def idempotency_key(key: str, item: str) -> str:
-    """A stable per-item idempotency key (for payment APIs and other HTTP sinks)."""
-    return hashlib.sha256(f"{key}\x1f{item}".encode()).hexdigest()
+def idempotency_key(key: str, item: str, generation: int = 0) -> str:
+    """A stable per-item idempotency key (for payment APIs and other HTTP sinks): the same for
+    every holder of the key, its own for each re-run generation (an approved re-run sends
+    anew instead of being replayed the first run's answer).
+
+    Generation 0 keeps the form keys had before re-runs existed; a later one is prefixed by
+    ``\x1d<generation>\x1d``, which no key (no control characters) can start with, so no
+    two (key, item, generation) share a key.
+    """
+    prefix = "" if generation == 0 else f"\x1d{generation}\x1d"
+    return hashlib.sha256(f"{prefix}{key}\x1f{item}".encode()).hexdigest()
 
 
 def holder_mark(key: str, token: int) -> str:
@@ -64,10 +72,10 @@ def _key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def http_headers(key: str, token: int, item: str) -> dict[str, str]:
+def http_headers(key: str, token: int, item: str, generation: int = 0) -> dict[str, str]:
     """Headers that carry the fence to an HTTP sink that checks it itself."""
     return {
-        "Idempotency-Key": idempotency_key(key, item),
+        "Idempotency-Key": idempotency_key(key, item, generation),
         "X-Fencing-Token": str(token),
         "X-Lease-Key": key,
     }
@@ -116,7 +124,7 @@ class FencedWrite:
 
     def headers(self, item: str) -> dict[str, str]:
         """Fence headers for an HTTP call that writes ``item``."""
-        return http_headers(self.key, self.token, item)
+        return http_headers(self.key, self.token, item, self.generation)
 
 
 @contextmanager

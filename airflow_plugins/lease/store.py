@@ -373,15 +373,27 @@ class LeaseStore:
         # a new key is granted by one plain statement; anything else is decided by the
         # store's function (a second round trip, only when the first granted nothing)
         rows = self._tuples("acquire", params) or self._tuples("acquire_decided", params)
-        got = self._acquisition(key, rows[0], ttl, business_date, holder, asked_at)
-        if got.granted and (got.attempt or 1) > 1:
-            # a first grant is generation 0; a later one may follow an approved re-run (one
-            # more round trip, for retries and re-runs only). The granted row's generation
-            # cannot change while it is running.
-            generation = self._rows("lease_generation", {"key": key, "token": got.token})
-            if generation:
-                got = dataclasses.replace(got, generation=int(generation[0]["generation"]))
-        return got
+        return self._with_generation(
+            self._acquisition(key, rows[0], ttl, business_date, holder, asked_at)
+        )
+
+    def _with_generation(self, got: Acquisition) -> Acquisition:
+        """``got`` with the granted lease's re-run generation.
+
+        A first grant is generation 0; a later one may follow an approved re-run (one more
+        round trip, for retries and re-runs only). The granted row's generation cannot change
+        while it runs.
+
+        Raises:
+            LeaseLost: the grant was superseded before its generation could be read (writing
+                in generation 0 then would skip a re-run's items).
+        """
+        if not got.granted or (got.attempt or 1) <= 1:
+            return got
+        rows = self._rows("lease_generation", {"key": got.key, "token": got.token})
+        if not rows:
+            raise LeaseLost(got.key, int(got.token or 0), "superseded right after its grant")
+        return dataclasses.replace(got, generation=int(rows[0]["generation"]))
 
     def acquire_many(
         self,
@@ -410,7 +422,10 @@ class LeaseStore:
             },
         )
         return [
-            self._acquisition(row[0], row[1:], ttl, business_date, holder, asked_at) for row in rows
+            self._with_generation(
+                self._acquisition(row[0], row[1:], ttl, business_date, holder, asked_at)
+            )
+            for row in rows
         ]
 
     def renew(

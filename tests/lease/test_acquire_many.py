@@ -91,3 +91,18 @@ def test_a_batch_takes_over_expired_keys_and_regrants_failed_ones(store: LeaseSt
     assert all(t is not None and t > live.token for t in tokens)
     for key in keys:
         assert store.history(key)[-1]["holder"] == Holder.process("b").to_json()
+
+
+def test_a_batch_grant_of_an_approved_rerun_carries_its_ledger_generation(
+    store: LeaseStore,
+) -> None:
+    # a batch re-run that wrote in generation 0 would skip every item the first run did
+    keys = _keys(3, "tenant_webhooks/rerun")
+    first = store.acquire_many(keys, Holder.process("first"))
+    for got in first:
+        store.complete(got.lease, {"sent": 1})
+    store.approve_rerun(keys[1], actor="alice", reason="INC-7 resend")
+    again = {got.key: got for got in store.acquire_many(keys, Holder.process("rerun"))}
+    assert again[keys[1]].granted
+    assert again[keys[1]].lease.generation == 1
+    assert [again[k].outcome for k in (keys[0], keys[2])] == [Outcome.SUCCEEDED] * 2

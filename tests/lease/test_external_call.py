@@ -6,6 +6,7 @@ sink's ledger recorded for each customer. No Airflow here (lease level).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import uuid
@@ -389,3 +390,18 @@ def test_an_approved_rerun_charges_each_customer_once_more_and_only_once(
     assert per_customer(processor) == dict.fromkeys(names, 2)
     keys = [c["idempotency_key"] for c in processor.charges()]
     assert len(set(keys)) == 4  # the re-run's keys are its own: no replay of the first charge
+
+
+def test_idempotency_keys_are_their_generations_own_and_never_collide() -> None:
+    from airflow_plugins.lease import FencedWrite, idempotency_key
+
+    # generation 0 keeps the form keys recorded before re-runs existed
+    assert idempotency_key(KEY, "a") == hashlib.sha256(f"{KEY}\x1fa".encode()).hexdigest()
+    keys = {
+        idempotency_key(KEY, item, generation)
+        for item in ("a", "a#1", "a\x1e1", "a\x1d1", "1\x1da")
+        for generation in (0, 1, 2, 11)
+    }
+    assert len(keys) == 20
+    headers = FencedWrite(None, KEY, 7, generation=1).headers("a")  # type: ignore[arg-type]
+    assert headers["Idempotency-Key"] == idempotency_key(KEY, "a", 1)
