@@ -133,6 +133,15 @@ class _Reply:
     drop: bool = False
 
 
+def _fence_of(headers: Any) -> tuple[str, int] | None:
+    """The request's (lease key, fencing token), when it carries both as it should."""
+    lease_key, raw = headers.get("X-Lease-Key"), headers.get("X-Fencing-Token")
+    try:
+        return None if lease_key is None else (str(lease_key), int(raw or ""))
+    except ValueError:
+        return None
+
+
 def _error(status: int, type_: str, message: str, code: str | None = None, **extra: Any) -> Answer:
     body: dict[str, Any] = {"type": type_, "message": message, **extra}
     if code is not None:
@@ -239,7 +248,7 @@ class PaymentProcessor:
         if method == "GET":
             return _Reply(self._read(path, params))
         if method == "POST" and path == "/v1/payment_intents":
-            return self._create(params, headers.get("Idempotency-Key"))
+            return self._create(params, headers.get("Idempotency-Key"), _fence_of(headers))
         return _Reply(_error(404, "invalid_request_error", f"Unrecognized request URL ({path})"))
 
     def _check_token(self, method: str, path: str, headers: Any) -> Answer | None:
@@ -255,19 +264,28 @@ class PaymentProcessor:
         except ValueError:
             return _error(400, "invalid_request_error", "X-Fencing-Token must be an integer")
         with self._lock:
-            highest = self._tokens.get(lease_key, 0)
-            if token < highest:
-                self._refused.append({"lease_key": lease_key, "token": token, "highest": highest})
-                return _error(
-                    409,
-                    "invalid_request_error",
-                    f"fencing token {token} is lower than {highest} already seen for this key",
-                    code="stale_fencing_token",
-                )
-            self._tokens[lease_key] = token
-        return None
+            return self._stale((lease_key, token))
 
-    def _create(self, params: dict[str, str], key: str | None) -> _Reply:
+    def _stale(self, fence: tuple[str, int] | None) -> Answer | None:
+        """The refusal of a token lower than the key's highest (under ``_lock``)."""
+        if not self.check_tokens or fence is None:
+            return None
+        lease_key, token = fence
+        highest = self._tokens.get(lease_key, 0)
+        if token >= highest:
+            self._tokens[lease_key] = token
+            return None
+        self._refused.append({"lease_key": lease_key, "token": token, "highest": highest})
+        return _error(
+            409,
+            "invalid_request_error",
+            f"fencing token {token} is lower than {highest} already seen for this key",
+            code="stale_fencing_token",
+        )
+
+    def _create(
+        self, params: dict[str, str], key: str | None, fence: tuple[str, int] | None = None
+    ) -> _Reply:
         customer = params.get("metadata[customer]")
         if self.faults.take(customer, frozenset({"down"})):
             return _Reply((0, {}), drop=True)
@@ -278,7 +296,7 @@ class PaymentProcessor:
         if invalid is not None:
             return _Reply(invalid)
         if not self.idempotency or not key:
-            reply = self._execute(params, customer, key)
+            reply = self._execute(params, customer, key, fence)
             return reply
         with self._lock:
             saved = self._keys.get(key)
@@ -309,7 +327,7 @@ class PaymentProcessor:
                 return _Reply(saved.answer, replayed=True)
             self._keys[key] = _Saved(dict(params), "/v1/payment_intents", self.now())
         try:
-            reply = self._execute(params, customer, key)
+            reply = self._execute(params, customer, key, fence)
         except BaseException:
             with self._lock:
                 self._keys.pop(key, None)
@@ -318,7 +336,13 @@ class PaymentProcessor:
             self._keys[key].answer = reply.answer
         return reply
 
-    def _execute(self, params: dict[str, str], customer: str | None, key: str | None) -> _Reply:
+    def _execute(
+        self,
+        params: dict[str, str],
+        customer: str | None,
+        key: str | None,
+        fence: tuple[str, int] | None = None,
+    ) -> _Reply:
         if self.latency > 0:
             time.sleep(self.latency)
         declined = params.get("payment_method") == DECLINING_PAYMENT_METHOD or (
@@ -338,6 +362,11 @@ class PaymentProcessor:
             "livemode": False,
         }
         with self._lock:
+            # the token is checked again where the charge is made: a higher token may have
+            # come in while this request waited (checked and charged in one step)
+            stale = self._stale(fence)
+            if stale is not None:
+                return _Reply(stale)
             if declined:
                 intent.update(status="requires_payment_method", latest_charge=None)
                 self._intents[intent_id] = intent

@@ -221,3 +221,35 @@ def test_the_processor_process_is_steered_over_http(tmp_path: Any) -> None:
         assert [c["customer"] for c in proc.charges()] == ["cust-0002"]
     finally:
         proc.stop()
+
+
+def test_a_token_superseded_while_its_request_runs_is_refused_not_charged(clock: Clock) -> None:
+    # the check and the charge are one step: a newer token seen while an older holder's request
+    # is in flight (here a newer holder's read) refuses the older one where it would charge
+    with PaymentProcessor(clock=clock, check_tokens=True, idempotency=False, latency=1.0) as p:
+        lease = {"X-Lease-Key": "billing/charge/d"}
+        outcome: list[BaseException | None] = []
+
+        def older() -> None:
+            try:
+                create(p.url, "k1", **lease, **{"X-Fencing-Token": "7"})
+                outcome.append(None)
+            except stripe.APIError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=older)
+        thread.start()
+        try:
+            for _ in range(100):  # until the older request is in, past its token check
+                if p._tokens.get("billing/charge/d") == 7:
+                    break
+                threading.Event().wait(0.02)
+            client(p.url).v1.payment_intents.search(
+                params={"query": "metadata['customer']:'cust-0001'"},
+                options={"headers": {**lease, "X-Fencing-Token": "8"}},
+            )
+        finally:
+            thread.join(timeout=20)
+        assert isinstance(outcome[0], stripe.APIError)
+        assert outcome[0].http_status == 409
+        assert p.charges() == []
