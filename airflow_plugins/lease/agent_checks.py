@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
-from airflow_plugins.lease import audit_payload
+from airflow_plugins.lease import audit_payload, masking
 from airflow_plugins.lease.errors import InvalidLeaseInput
 from airflow_plugins.lease.store import check_key, check_ttl
 from airflow_plugins.lease.wire import Peer
@@ -156,7 +156,7 @@ def _check_finish(params: dict[str, Any], limits: Limits) -> None:
     if error is not None:
         if not isinstance(error, str):
             raise RequestRefused("error must be text")
-        params["error"] = error[:MAX_ERROR_CHARS]
+        params["error"] = masking.mask_text(error)[:MAX_ERROR_CHARS]
     params["output"] = _audit(params["output"], limits, plain_json=True)
 
 

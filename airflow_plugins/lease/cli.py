@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--status",
         action="store_true",
-        help="ask the agent on the socket instead: print its status; exit 1 if none answers",
+        help="ask the agent on the socket instead: print its status; exit 3 if none answers",
     )
     return parser
 
@@ -167,7 +167,7 @@ def _agent(args: argparse.Namespace) -> int:
 
         status = AgentClient(path, dsn, timeout=10).status()
         print(json.dumps(status if status is not None else {"socket": path, "answers": False}))
-        return 0 if status is not None else 1
+        return 0 if status is not None else EXIT_UNREACHABLE
     return agent.run(
         dsn,
         path,

@@ -1,9 +1,9 @@
 """Fencing at the sink: the sink's own database refuses writes from a superseded holder.
 
 No transaction spans the lease store and the sink, so the sink keeps its own fence: the highest
-token seen per key (``runfence.fence``) and a ledger of done items unique on (key, item)
-(``runfence.ledger``). A fenced transaction advances the fence first, then runs the caller's
-writes and claims their ledger rows, and commits all of it at once:
+token seen per key (``runfence.fence``) and a ledger of done items unique on
+(key, generation, item) (``runfence.ledger``). A fenced transaction advances the fence first,
+then runs the caller's writes and claims their ledger rows, and commits all of it at once:
 
 * a holder whose token was superseded fails at the fence, before it writes anything;
 * a holder paused *inside* its transaction holds the fence row; Postgres ends its session after
@@ -15,7 +15,8 @@ writes and claims their ledger rows, and commits all of it at once:
   transaction (``pg_terminate_backend``: the sink role needs to be theirs or a member of
   ``pg_signal_backend``) and advances. The frozen holder's transaction is rolled back, so it
   never commits after the newer holder got through; the newer holder is delayed by at most
-  ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default);
+  ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default) by older holders (the holder's own
+  other transactions, same token, are waited for as long as they run, as any lock is);
 * a taken-over run finds the items already done in the ledger and skips them.
 """
 
