@@ -68,6 +68,8 @@ def _seed_migration(airflow: AirflowHarness) -> None:
                             [] if matched else [{"task": "charge", "what": "result digest"}]
                         ),
                         "matched": matched,
+                        "primary_calls": Jsonb({}),
+                        "shadow_calls": Jsonb({}),
                     },
                 )
 
