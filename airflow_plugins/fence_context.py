@@ -244,9 +244,18 @@ class Fence:
             return []
         return done_items(self.connection(), self.key, self.generation)
 
+    # a shadow's fence (the bridge's) records its external calls instead of sending them
+    shadow = False
+
+    @property
+    def primary_key(self) -> str:
+        """The key idempotency keys are built from: the lease key (a shadow's is the
+        primary's, so both engines would send the same request)."""
+        return self.key
+
     def idempotency_key(self, item: str) -> str:
         """A stable per-item idempotency key (the same for every holder of the key)."""
-        return idempotency_key(self.key, item, self.generation)
+        return idempotency_key(self.primary_key, item, self.generation)
 
     def headers(self, item: str) -> dict[str, str]:
         """Headers that carry the fence to an HTTP sink: idempotency key, token, lease key."""
@@ -257,12 +266,15 @@ class Fence:
     # -- external calls (a payment processor) -----------------------------------------------
 
     def external_calls(self) -> ExternalCalls:
-        """This holder's external calls on the sink's ledger (``lease.external_call``)."""
+        """This holder's external calls on the sink's ledger (``lease.external_call``); in
+        shadow they are recorded (``would_send``), never sent."""
         if self._calls is None:
             self._calls = ExternalCalls(
                 self.connection,
                 self.key,
                 self.token,
+                idempotency_scope=self.primary_key,
+                shadow=self.shadow,
                 idle_timeout=self.idle_timeout,
                 check=self.check,
                 generation=self.generation,

@@ -24,9 +24,7 @@ from airflow_plugins.lease import (
     Lease,
     connect_sink,
     fenced_transaction,
-    idempotency_key,
 )
-from airflow_plugins.lease.external_call import ExternalCalls
 from bridge.sql import query
 
 MAX_CAPTURED_ROWS = 10_000
@@ -99,25 +97,6 @@ class BridgeFence(Fence):
     def primary_key(self) -> str:
         """The primary's lease key (a shadow's key without its suffix)."""
         return self.key.removesuffix(SHADOW_SUFFIX) if self.shadow else self.key
-
-    def idempotency_key(self, item: str) -> str:
-        """The item's idempotency key: the primary's, also in shadow (one request, one key)."""
-        return idempotency_key(self.primary_key, item, self.generation)
-
-    def external_calls(self) -> ExternalCalls:
-        """The external calls; in shadow they are recorded (``would_send``), never sent."""
-        if self._calls is None:
-            self._calls = ExternalCalls(
-                self.connection,
-                self.key,
-                self.token,
-                idempotency_scope=self.primary_key,
-                shadow=self.shadow,
-                idle_timeout=self.idle_timeout,
-                check=self.check,
-                generation=self.generation,
-            )
-        return self._calls
 
     @property
     def would_send(self) -> list[dict[str, Any]]:
