@@ -45,7 +45,7 @@ from airflow_plugins.lease.external_call import (
     Send,
     checked_answer,
 )
-from airflow_plugins.lease.fence import DEFAULT_IDLE_TIMEOUT
+from airflow_plugins.lease.sink_fence import DEFAULT_IDLE_TIMEOUT
 
 SinkConnect = Callable[[], "psycopg.Connection[Any]"]
 

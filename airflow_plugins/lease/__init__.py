@@ -36,7 +36,7 @@ from airflow_plugins.lease.external_call import (
     ProcessorUnavailable,
     RetryPolicy,
 )
-from airflow_plugins.lease.fence import (
+from airflow_plugins.lease.sink_fence import (
     FencedWrite,
     advance_fence,
     done_items,

@@ -49,7 +49,7 @@ def connect_sink(
 
     A sink's statements are the body's own and may rightly run long: no statement timeout is
     set here. A holder frozen inside its fenced transaction is ended by the newer holder's
-    fence advance instead (``airflow_plugins.lease.fence``).
+    fence advance instead (``airflow_plugins.lease.sink_fence``).
     """
     return psycopg.connect(
         dsn, autocommit=True, **bounded_params(dsn, connect_timeout=connect_timeout)

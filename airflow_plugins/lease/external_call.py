@@ -35,7 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseError, StaleToken
-from airflow_plugins.lease.fence import (
+from airflow_plugins.lease.sink_fence import (
     DEFAULT_IDLE_TIMEOUT,
     FencedWrite,
     _check_item,
