@@ -4,7 +4,7 @@ Registered through the ``apache_airflow_provider`` entry point, so ``airflow pro
 shows the package, ``airflow config list`` shows the ``[exactly_once]`` and ``[bridge]``
 sections with their types, defaults and examples, and the lease store's connection type is
 offered in the Connections form. The sections are built from the declarations in
-``airflow_plugins.config.OPTIONS`` and ``bridge.config.SETTINGS``: one source of truth.
+``airflow_plugins.protection.config.OPTIONS`` and ``bridge.config.SETTINGS``: one source of truth.
 
 Nothing here imports Airflow (the providers manager calls this while it starts up).
 """
@@ -42,7 +42,7 @@ def _option(
 
 def config_sections() -> dict[str, Any]:
     """The ``config`` part of the provider info: both sections, every declared option."""
-    from airflow_plugins import config
+    from airflow_plugins.protection import config
     from bridge import config as bridge_config
 
     return {
@@ -89,12 +89,15 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [
             {
                 "connection-type": LEASE_STORE_CONN_TYPE,
-                "hook-class-name": "airflow_plugins.lease_store_hook.LeaseStoreHook",
+                "hook-class-name": "airflow_plugins.protection.lease_store_hook.LeaseStoreHook",
                 "hook-name": "Exactly-once lease store (Postgres)",
             }
         ],
         "plugins": [
-            {"name": "exactly_once", "plugin-class": "airflow_plugins.plugin.ExactlyOncePlugin"}
+            {
+                "name": "exactly_once",
+                "plugin-class": "airflow_plugins.protection.plugin.ExactlyOncePlugin",
+            }
         ],
         "config": config_sections(),
     }

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow.timetables.trigger import CronTriggerTimetable
 
-    from airflow_plugins.keys import Period
+    from airflow_plugins.lease.keys import Period
     from airflow_plugins.views.pages import audit_page
     from airflow_plugins.watcher import RunStatus, WatchedDag, evaluate
     from airflow_plugins.watcher.dags import TimetableSchedule

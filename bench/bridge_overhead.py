@@ -38,9 +38,9 @@ from temporalio.client import Client
 
 from airflow_plugins.lease import LEASE_STORE, LeaseStore, migrate
 from bridge.cutover import migrate_bridge
-from bridge.handover import Handover
 from bridge.spec import DagRunInput, DagSpec, TaskSpec
-from bridge.workflows import DagRunWorkflow
+from bridge.temporal.handover import Handover
+from bridge.worker.workflows import DagRunWorkflow
 
 BENCH_PORT = 27300
 

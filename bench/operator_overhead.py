@@ -1,10 +1,11 @@
 """What the plugin costs a task, measured on a real Airflow 3.3 stack in one run.
 
     .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
-                                                [--admin-dsn postgresql://postgres@127.0.0.1:5432/postgres]
-                                                [--parallelism 8] [--schedulers 1]
-                                                [--pgbouncer | --agent]
-                                                [--min-heartbeat-interval 1] [--profile DIR]
+                                                [--admin-dsn
+                                                postgresql://postgres@127.0.0.1:5432/postgres]
+                                                [--parallelism 8] [--schedulers 1] [--pgbouncer |
+                                                --agent] [--min-heartbeat-interval 1] [--profile
+                                                DIR]
 
 It starts one Airflow stack (``--schedulers`` schedulers with LocalExecutor, default one;
 api-server, dag-processor, triggerer; ports ``--port-base`` .. +7) on fresh databases of the
@@ -19,11 +20,12 @@ Measured:
 
 * inside each task (``overhead_noop.py``'s stopwatch): the plugin's time = ``execute`` minus
   the body, plus every listener hook in the task process, plus starting the early acquire
-  (``airflow_plugins.early_acquire``; any wait for its answer is inside ``execute``): p50 /
-  p99 for each kind; the time
+  (``airflow_plugins.protection.early_acquire``; any wait for its answer is inside ``execute``): p50
+  / p99 for each kind; the time
   the plugin adds is the protected kind's; also its CPU time, and apart from it the lease
-  store's warm-up (``airflow_plugins.prewarm``), which runs on its own thread before
-  ``execute`` while Airflow prepares the task (any wait for it inside ``execute`` is counted);
+  store's warm-up (``airflow_plugins.protection.connection_warmup``), which runs on its own thread
+  before ``execute`` while Airflow prepares the task (any wait for it inside ``execute`` is
+  counted);
 * each task process's whole CPU from its fork to the end of ``execute`` (Airflow's start-up, the
   parse, the warm-up, ``execute``), p50 / p99 / mean per kind;
 * queued-to-done of each task (``queued_dttm`` to ``end_date``, REST API): p50 / p99 per kind;
@@ -181,7 +183,7 @@ class PgBouncer:
         ini.chmod(0o644)
         argv = [binary, str(ini)]
         if os.geteuid() == 0:  # it refuses to run as root: the embedded server's user
-            from airflow_plugins.embedded_postgres import _service_user
+            from airflow_plugins.demo.embedded_postgres import _service_user
 
             user = _service_user()
             argv[1:1] = ["-u", user.pw_name if user else "nobody"]

@@ -1,14 +1,15 @@
 """The Airflow -> Temporal bridge: hand DAG runs to Temporal, dual-run them, compare, cut over.
 
-Both engines take the same leases (``airflow_plugins.lease``, keys from ``airflow_plugins.keys``),
-so no engine, and no mistake in configuring the two, performs a business effect twice.
+Both engines take the same leases (``airflow_plugins.lease``, keys from
+``airflow_plugins.lease.keys``), so no engine, and no mistake in configuring the two, performs a
+business effect twice.
 
     handover = Handover(client, config.task_queue("billing"), store=store)
     got = await handover.start_or_attach(spec, "2024-02-15")     # one execution per run key
 
-Airflow-side pieces (``bridge.routing``, ``bridge.operator``, ``bridge.triggers``,
-``bridge.translate``) import Airflow and are not re-exported here; the worker is
-``python -m bridge.cli worker``. See MIGRATION.md.
+Airflow-side pieces (``bridge.in_airflow.router``, ``bridge.in_airflow.operator``,
+``bridge.in_airflow.workflow_trigger``, ``bridge.in_airflow.translate``) import Airflow and are not
+re-exported here; the worker is ``python -m bridge.cli worker``. See MIGRATION.md.
 """
 
 from __future__ import annotations
@@ -16,11 +17,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from airflow_plugins.old_paths import keep_old_paths
+
+keep_old_paths(
+    "bridge",
+    {
+        "bridge.activities": "bridge.worker.activities",
+        "bridge.catalog": "bridge.worker.catalog",
+        "bridge.client": "bridge.temporal.client",
+        "bridge.codec": "bridge.temporal.codec",
+        "bridge.egress": "bridge.worker.egress",
+        "bridge.execution": "bridge.worker.execution",
+        "bridge.fencing": "bridge.worker.activity_fence",
+        "bridge.handoff": "bridge.in_airflow.handoff",
+        "bridge.handover": "bridge.temporal.handover",
+        "bridge.operator": "bridge.in_airflow.operator",
+        "bridge.routing": "bridge.in_airflow.router",
+        "bridge.schedule": "bridge.temporal.schedule",
+        "bridge.translate": "bridge.in_airflow.translate",
+        "bridge.triggers": "bridge.in_airflow.workflow_trigger",
+        "bridge.workflows": "bridge.worker.workflows",
+    },
+)
+
 if TYPE_CHECKING:
-    from bridge.client import TemporalUnavailable, connect
-    from bridge.codec import EncryptionCodec, codec_from_env, new_key
     from bridge.comparison import Comparison, get_comparison, ready, recent
-    from bridge.config import BridgeConfig, ConfigError
+    from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
     from bridge.cutover import (
         CutoverMode,
         ModeChange,
@@ -28,14 +50,6 @@ if TYPE_CHECKING:
         ModeStore,
         UnknownMode,
         migrate_bridge,
-    )
-    from bridge.handover import (
-        Handoff,
-        Handover,
-        HandoverRefused,
-        PayloadTooLarge,
-        cancel,
-        run_handle,
     )
     from bridge.identity import run_key, task_key, workflow_id
     from bridge.spec import (
@@ -48,7 +62,17 @@ if TYPE_CHECKING:
         TaskOutcome,
         TaskSpec,
     )
-    from bridge.workflows import DagRunWorkflow, MappedChunkWorkflow, ScheduledDagWorkflow
+    from bridge.temporal.client import connect
+    from bridge.temporal.codec import EncryptionCodec, codec_from_env, new_key
+    from bridge.temporal.handover import (
+        Handoff,
+        Handover,
+        HandoverRefused,
+        PayloadTooLarge,
+        cancel,
+        run_handle,
+    )
+    from bridge.worker.workflows import DagRunWorkflow, MappedChunkWorkflow, ScheduledDagWorkflow
 
 _EXPORTS = {
     "BridgeConfig": "bridge.config",
@@ -57,34 +81,34 @@ _EXPORTS = {
     "CutoverMode": "bridge.cutover",
     "DagRunInput": "bridge.spec",
     "DagRunResult": "bridge.spec",
-    "DagRunWorkflow": "bridge.workflows",
+    "DagRunWorkflow": "bridge.worker.workflows",
     "DagSpec": "bridge.spec",
-    "EncryptionCodec": "bridge.codec",
-    "Handoff": "bridge.handover",
-    "Handover": "bridge.handover",
-    "HandoverRefused": "bridge.handover",
-    "MappedChunkWorkflow": "bridge.workflows",
+    "EncryptionCodec": "bridge.temporal.codec",
+    "Handoff": "bridge.temporal.handover",
+    "Handover": "bridge.temporal.handover",
+    "HandoverRefused": "bridge.temporal.handover",
+    "MappedChunkWorkflow": "bridge.worker.workflows",
     "ModeChange": "bridge.cutover",
     "ModeChangeRefused": "bridge.cutover",
     "ModeStore": "bridge.cutover",
-    "PayloadTooLarge": "bridge.handover",
+    "PayloadTooLarge": "bridge.temporal.handover",
     "RetrySpec": "bridge.spec",
     "RunMode": "bridge.spec",
-    "ScheduledDagWorkflow": "bridge.workflows",
+    "ScheduledDagWorkflow": "bridge.worker.workflows",
     "TaskKind": "bridge.spec",
     "TaskOutcome": "bridge.spec",
     "TaskSpec": "bridge.spec",
-    "TemporalUnavailable": "bridge.client",
+    "TemporalUnavailable": "bridge.config",
     "UnknownMode": "bridge.cutover",
-    "cancel": "bridge.handover",
-    "codec_from_env": "bridge.codec",
-    "connect": "bridge.client",
+    "cancel": "bridge.temporal.handover",
+    "codec_from_env": "bridge.temporal.codec",
+    "connect": "bridge.temporal.client",
     "get_comparison": "bridge.comparison",
     "migrate_bridge": "bridge.cutover",
-    "new_key": "bridge.codec",
+    "new_key": "bridge.temporal.codec",
     "ready": "bridge.comparison",
     "recent": "bridge.comparison",
-    "run_handle": "bridge.handover",
+    "run_handle": "bridge.temporal.handover",
     "run_key": "bridge.identity",
     "task_key": "bridge.identity",
     "workflow_id": "bridge.identity",

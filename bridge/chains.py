@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.keys import lease_key
 
 
 class UpstreamNotDone(RuntimeError):
@@ -46,6 +46,6 @@ def upstream_gate(dag_id: str, task_id: str, business_date: str, map_key: str | 
     if dsn:
         with LeaseStore(dsn) as store:
             return upstream_result(store, dag_id, task_id, business_date, map_key)
-    from airflow_plugins.config import lease_store
+    from airflow_plugins.protection.config import lease_store
 
     return upstream_result(lease_store(), dag_id, task_id, business_date, map_key)

@@ -37,10 +37,10 @@ from airflow_plugins.lease.command_line import (
     add_global_options,
     fail,
 )
-from bridge.client import TemporalUnavailable, connect
 from bridge.comparison import ready, recent
-from bridge.config import BridgeConfig, ConfigError
+from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
 from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
+from bridge.temporal.client import connect
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
@@ -50,7 +50,7 @@ def _store(config: BridgeConfig) -> LeaseStore:
     dsn = config.lease_dsn
     if not dsn:
         try:
-            from airflow_plugins.config import lease_dsn
+            from airflow_plugins.protection.config import lease_dsn
 
             dsn = lease_dsn()
         except Exception as exc:
@@ -78,7 +78,7 @@ def _dags(folder: str | None, errors: list[str] | None = None) -> dict[str, Any]
 def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
     """Prints the translatability report; exit 1 when any DAG is not translatable (or does not
     import)."""
-    from bridge.translate import inventory
+    from bridge.in_airflow.translate import inventory
 
     errors: list[str] = []
     with contextlib.redirect_stdout(sys.stderr):  # Airflow's log lines, not the report
@@ -146,12 +146,12 @@ def _apply_schedule(
     leaving = current is CutoverMode.TEMPORAL_SCHEDULED
     if not entering and not leaving:
         return
-    from bridge import schedule
+    from bridge.temporal import schedule
 
     async def run() -> None:
         client = await connect(config)
         if entering:
-            from bridge.translate import UntranslatableDag, translate
+            from bridge.in_airflow.translate import UntranslatableDag, translate
 
             dag = _dags(args.dags_folder or config.dags_folder).get(args.dag_id)
             if dag is None:
@@ -196,7 +196,7 @@ def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
 
 def cmd_cancel(args: argparse.Namespace, config: BridgeConfig) -> int:
     """Cancels a handed-over run."""
-    from bridge.handover import cancel
+    from bridge.temporal.handover import cancel
 
     async def run() -> None:
         await cancel(await connect(config), args.workflow_id)
@@ -219,9 +219,9 @@ EXAMPLES = """examples:
 
 def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
     """Reads a handover request (JSON, with its resolved settings) on stdin, answers one JSON
-    line on stdout. Never reads Airflow's configuration: see ``bridge.handoff``."""
-    from bridge.handover import Handover
+    line on stdout. Never reads Airflow's configuration: see ``bridge.in_airflow.handoff``."""
     from bridge.spec import DagSpec, RunMode
+    from bridge.temporal.handover import Handover
 
     request = json.loads(sys.stdin.read())
     config = value_to_type(BridgeConfig, request["config"])
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point; leaves with ``os._exit`` (temporalio can abort at interpreter exit)."""
     args = parser().parse_args(argv)
     if args.command == "worker":
-        from bridge.worker import main as worker_main
+        from bridge.worker.lanes import main as worker_main
 
         worker_main([arg for lane in args.lane or [] for arg in ("--lane", lane)])
     if args.command == "mode" and args.action != "list" and not args.dag_id:

@@ -17,11 +17,11 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from airflow_plugins.keys import SHADOW_SUFFIX
 from airflow_plugins.lease import LeaseStore
-from bridge.fencing import sink_dsn
+from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
+from bridge.worker.activity_fence import sink_dsn
 
 MAX_LISTED = 20
 

@@ -123,6 +123,10 @@ class ConfigError(ValueError):
     """A setting with a value the bridge cannot use."""
 
 
+class TemporalUnavailable(RuntimeError):
+    """The Temporal server could not be reached: nothing was started; retry later."""
+
+
 def _airflow_option(name: str) -> str | None:
     # only where Airflow is deployed: importing its config elsewhere would create ~/airflow
     if not (os.environ.get("AIRFLOW_HOME") or os.environ.get("AIRFLOW_CONFIG")):

@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from airflow_plugins.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
 from airflow_plugins.lease import InvalidLeaseInput
+from airflow_plugins.lease.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
 from bridge.spec import RUN_TASK_ID, DagSpec, RunMode
 
 WORKFLOW_ID_PREFIX = "dagrun:"

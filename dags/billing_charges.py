@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease.external_call import (
     CallAnswer,
     CallResult,
@@ -31,6 +30,7 @@ from airflow_plugins.lease.external_call import (
     ProcessorRefusedToken,
     ProcessorUnavailable,
 )
+from airflow_plugins.lease.fence import Fence
 
 if TYPE_CHECKING:
     import stripe

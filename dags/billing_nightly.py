@@ -28,8 +28,8 @@ from billing_charges import (
     prepare_sink,
 )
 
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 
 def charge(fence: Fence, count: int, delay: float, writer: str) -> dict[str, Any]:
@@ -54,7 +54,7 @@ with DAG(
     @task
     def prepare() -> None:
         """Creates the charges table and the sink fence if they are missing."""
-        from airflow_plugins.config import sink_dsn
+        from airflow_plugins.protection.config import sink_dsn
 
         prepare_sink(sink_dsn(SINK_CONN_ID))
 

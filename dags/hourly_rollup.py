@@ -15,8 +15,8 @@ import pendulum
 from airflow.sdk import DAG, task
 from warehouse import WAREHOUSE_CONN_ID, dsn, prepare, sql
 
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 
 def roll_up(fence: Fence) -> dict[str, Any]:

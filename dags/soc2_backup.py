@@ -22,7 +22,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from airflow_plugins.config import sink_dsn
+from airflow_plugins.protection.config import sink_dsn
 
 
 def _pg_tool(name: str, folder: str) -> str:

@@ -16,8 +16,8 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 from warehouse import WAREHOUSE_CONN_ID, dsn, prepare, sql
 
-from airflow_plugins.decorators import exactly_once_task
-from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.decorators import exactly_once_task
 
 with DAG(
     dag_id="tenant_webhooks",

@@ -21,7 +21,7 @@ def sql(name: str) -> str:
 
 def dsn() -> str:
     """The warehouse's DSN, from its Airflow Connection."""
-    from airflow_plugins.config import sink_dsn
+    from airflow_plugins.protection.config import sink_dsn
 
     return sink_dsn(WAREHOUSE_CONN_ID)
 

@@ -135,7 +135,7 @@ def _server(dsn: str | None) -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from airflow_plugins.embedded_postgres import EmbeddedPostgres
+    from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 
     port = _free_port()
     datadir = Path(tempfile.mkdtemp(prefix="exactly-once-demo-")) / "pg"

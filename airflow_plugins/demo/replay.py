@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedded = None
     admin_dsn = args.dsn
     if not admin_dsn:
-        from airflow_plugins.embedded_postgres import EmbeddedPostgres
+        from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 
         embedded = EmbeddedPostgres(
             free_port_block(size=1), settings={"max_connections": "300", "fsync": "off"}

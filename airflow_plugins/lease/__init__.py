@@ -36,6 +36,9 @@ from airflow_plugins.lease.external_call import (
     ProcessorUnavailable,
     RetryPolicy,
 )
+from airflow_plugins.lease.holder import Holder
+from airflow_plugins.lease.keeper import LeaseKeeper
+from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
 from airflow_plugins.lease.sink_fence import (
     FencedWrite,
     advance_fence,
@@ -45,9 +48,6 @@ from airflow_plugins.lease.sink_fence import (
     http_headers,
     idempotency_key,
 )
-from airflow_plugins.lease.holder import Holder
-from airflow_plugins.lease.keeper import LeaseKeeper
-from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
 from airflow_plugins.lease.store import (
     Acquisition,
     Lease,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -140,6 +141,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _host_defaults(have_dsn: bool) -> tuple[str | None, str | None]:
+    """The lease store DSN and agent socket a host (the Airflow plugin) configures, if any.
+
+    A host registers a callable in the ``runlease.defaults`` entry-point group, so this core
+    reads the plugin's ``[exactly_once]`` options without importing the plugin.
+    """
+    dsn: str | None = None
+    path: str | None = None
+    for entry in importlib.metadata.entry_points(group="runlease.defaults"):
+        host_dsn, host_path = entry.load()(have_dsn)
+        dsn, path = dsn or host_dsn, path or host_path
+    return dsn, path
+
+
 def _agent(args: argparse.Namespace) -> int:
     import logging
 
@@ -147,14 +162,12 @@ def _agent(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     dsn, path = args.dsn, args.socket
-    if (not dsn or not path) and importlib.util.find_spec("airflow") is not None:
-        from airflow_plugins import config  # the plugin's own options
-
+    if not dsn or not path:
         try:
-            dsn = dsn or config.lease_dsn()
+            default_dsn, default_path = _host_defaults(bool(dsn))
         except LeaseError as exc:
             return fail("runlease agent", exc, EXIT_USAGE)
-        path = path or config.agent_socket()
+        dsn, path = dsn or default_dsn, path or default_path
     if not dsn or not path:
         return fail(
             "runlease agent",

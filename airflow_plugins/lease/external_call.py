@@ -35,6 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseError, StaleToken
+from airflow_plugins.lease.queries import query
 from airflow_plugins.lease.sink_fence import (
     DEFAULT_IDLE_TIMEOUT,
     FencedWrite,
@@ -42,7 +43,6 @@ from airflow_plugins.lease.sink_fence import (
     fenced_transaction,
     idempotency_key,
 )
-from airflow_plugins.lease.queries import query
 
 # Stripe prunes idempotency keys once they are 24 h old; an item intended longer ago than this
 # is not re-sent blindly (the processor may have forgotten the key): it needs a lookup.

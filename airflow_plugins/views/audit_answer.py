@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from airflow_plugins.keys import SHADOW_SUFFIX
 from airflow_plugins.lease import Holder
+from airflow_plugins.lease.keys import SHADOW_SUFFIX
 
 GRANTS = ("granted", "taken_over")
 BLOCKED = ("held", "succeeded", "refused")

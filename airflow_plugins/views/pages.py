@@ -18,9 +18,9 @@ from typing import Any
 
 import psycopg
 
-from airflow_plugins import sla
-from airflow_plugins.keys import FOLD_SUFFIX
 from airflow_plugins.lease import LeaseStore, masking
+from airflow_plugins.lease.keys import FOLD_SUFFIX
+from airflow_plugins.protection import sla
 from airflow_plugins.views import charts
 from airflow_plugins.views.audit_answer import RunAnswer, answer
 from airflow_plugins.views.queries import query

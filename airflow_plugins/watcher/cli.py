@@ -30,7 +30,7 @@ def _moment(text: str) -> datetime:
 
 
 def _run(_: argparse.Namespace) -> int:
-    from airflow_plugins import sla
+    from airflow_plugins.protection import sla
     from airflow_plugins.watcher.dags import protected_dags
     from airflow_plugins.watcher.service import Watcher, load_callback, serve_health
 

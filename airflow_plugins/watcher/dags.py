@@ -67,12 +67,13 @@ def schedule_interval(schedule: TimetableSchedule, around: datetime) -> timedelt
 def protected_dags(now: datetime) -> list[WatchedDag]:
     """The unpaused, non-stale protected DAGs, with their timetables.
 
-    A DAG is protected as the listener judges it (``airflow_plugins.listener.dag_is_protected``):
-    it carries the opt-in tag, or it has an exactly-once task (``ExactlyOnceOperator``,
-    ``@exactly_once_task``) without the tag. A paused DAG is not watched (pausing is a
-    deliberate act, visible in Airflow). Runs are expected from the later of the DAG's start
-    date and the moment this Airflow first saw the DAG (its first DAG version), so deploying a
-    DAG with an old start date does not report years of runs it was never asked to make.
+    A DAG is protected as the listener judges it
+    (``airflow_plugins.protection.listener.dag_is_protected``): it carries the opt-in tag, or it has
+    an exactly-once task (``ExactlyOnceOperator``, ``@exactly_once_task``) without the tag. A paused
+    DAG is not watched (pausing is a deliberate act, visible in Airflow). Runs are expected from the
+    later of the DAG's start date and the moment this Airflow first saw the DAG (its first DAG
+    version), so deploying a DAG with an old start date does not report years of runs it was never
+    asked to make.
 
     Each DAG's latest serialization is deserialized once per version (``dag_hash``) and kept,
     so a look reads only hashes for DAGs that did not change.
@@ -82,7 +83,7 @@ def protected_dags(now: datetime) -> list[WatchedDag]:
     from airflow.utils.session import create_session
     from sqlalchemy import func, select
 
-    from airflow_plugins.listener import dag_is_protected
+    from airflow_plugins.protection.listener import dag_is_protected
 
     watched = []
     with create_session() as session:
@@ -154,7 +155,7 @@ def _dag_of_version(session: Any, dag_id: str, dag_hash: str | None) -> Any:
 
 def watched_dag(dag: Any, now: datetime, *, first_seen: datetime | None = None) -> WatchedDag:
     """A ``WatchedDag`` for a serialized Airflow DAG (runs expected from ``first_seen`` on)."""
-    from airflow_plugins.task_key import dag_period, dag_timezone, schedule_step
+    from airflow_plugins.protection.task_identity import dag_period, dag_timezone, schedule_step
 
     schedule = TimetableSchedule(dag.timetable)
     starts = [moment for moment in (dag.start_date, first_seen) if moment is not None]

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from airflow_plugins.keys import SHADOW_SUFFIX, Period, business_period
+from airflow_plugins.lease.keys import SHADOW_SUFFIX, Period, business_period
 
 DEFAULT_DEADLINE = timedelta(minutes=15)
 

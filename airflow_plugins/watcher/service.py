@@ -5,8 +5,8 @@ over the lookback window. A run that becomes missed is reported once: an audit r
 ``missed_run``, so the audit page and a restarted watcher know), the counter
 ``exactly_once.watcher.missed`` and the configured callback (route it to paging). Open late and
 missed runs are gauges. A run that is done has its schedule lags exported
-(``airflow_plugins.sla``). A missed run is reported at most one poll interval after its deadline
-passes.
+(``airflow_plugins.protection.sla``). A missed run is reported at most one poll interval after its
+deadline passes.
 
 Health: ``/health`` on the configured port answers 200 while looks succeed and 503 when the
 last good look is older than three poll intervals (the lease store or the metadata database is
@@ -28,16 +28,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from airflow_plugins import sla
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.keys import lease_key
+from airflow_plugins.protection import sla
 from airflow_plugins.watcher.gaps import RunReport, RunStatus, WatchedDag
 from airflow_plugins.watcher.reads import evaluate, reported_missed
 
 log = logging.getLogger(__name__)
 
 MISSED_METRIC = "exactly_once.watcher.missed"
-# the pseudo-task under which the listener records DAG-run events (airflow_plugins.listener)
+# the pseudo-task under which the listener records DAG-run events
+# (airflow_plugins.protection.listener)
 RUN_TASK = "_dag_run"
 
 MissedCallback = Callable[[RunReport], None]

@@ -4,7 +4,7 @@ Every option has a type and a default, and is read when it is needed, never at i
 tests and the watcher's command set them through ``AIRFLOW__EXACTLY_ONCE__*`` variables.
 
 The lease store (``lease_dsn`` / ``lease_conn_id``) and the opt-in tag are the plugin's own
-options (``airflow_plugins.config``).
+options (``airflow_plugins.protection.config``).
 
 =============================  ===========  ==================================================
 option                         default      meaning
@@ -36,12 +36,13 @@ def _get(option: str, default: str) -> str:
 
 
 def lease_store_dsn() -> str:
-    """The lease store's DSN, as the plugin reads it (``airflow_plugins.config.lease_dsn``).
+    """The lease store's DSN, as the plugin reads it
+    (``airflow_plugins.protection.config.lease_dsn``).
 
     Raises:
         InvalidLeaseInput: no lease store is configured.
     """
-    from airflow_plugins import config
+    from airflow_plugins.protection import config
 
     return config.lease_dsn(metastore=True)
 

@@ -6,8 +6,8 @@ It times, inside each task process, what the plugin does there:
 * ``execute``: the whole ``ExactlyOnceOperator.execute`` (key, lease acquire, keeper, sink-less
   fence, complete) minus the body's own time;
 * ``hooks``: every listener hook of the plugin that fires in the task process before the end
-  of ``execute`` (each goes through ``airflow_plugins.listener._guarded``, which this module
-  wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
+  of ``execute`` (each goes through ``airflow_plugins.protection.listener._guarded``, which this
+  module wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
   only failed and skipped tries (the lease's own rows record the others).
 
 * ``early_start``: starting the try's acquire once the templates are rendered
@@ -15,9 +15,9 @@ It times, inside each task process, what the plugin does there:
   beside Airflow's preparation, and what ``execute`` still waits for it is in ``execute``).
 
 * ``warm_up`` (reported apart, not in the plugin's time): the lease store's warm-up
-  (``airflow_plugins.prewarm``), which runs on its own thread while Airflow still prepares the
-  task: its wall and thread CPU time, and how long ``execute`` started before it finished (that
-  wait is inside ``execute``, so already counted).
+  (``airflow_plugins.protection.connection_warmup``), which runs on its own thread while Airflow
+  still prepares the task: its wall and thread CPU time, and how long ``execute`` started before it
+  finished (that wait is inside ``execute``, so already counted).
 
 At the end of ``execute``, after the stopwatch, it writes one JSON line to a file of its own
 in ``EO_BENCH_TIMINGS``, which the bench reads back. Both kinds pay that write alike: a file,
@@ -35,14 +35,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from airflow_plugins import listener, prewarm, protected_try
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection import connection_warmup, listener, protected_try
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 TIMINGS: dict[str, float] = {"execute": 0.0, "body": 0.0, "hooks": 0.0, "early_start": 0.0}
 _WARM: dict[str, float] = {}
 _unwrapped_guarded = listener._guarded
-_unwrapped_warm = prewarm._warm
+_unwrapped_warm = connection_warmup._warm
 
 
 def _record(ti: Any) -> None:
@@ -82,7 +82,7 @@ def _timed_warm(conn_id: str | None) -> None:
             profiler.dump_stats(os.path.join(profile_dir, f"warm-{os.getpid()}.pstats"))
 
 
-prewarm._warm = _timed_warm
+connection_warmup._warm = _timed_warm
 _unwrapped_start_early = protected_try.start_early
 
 

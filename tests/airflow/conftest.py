@@ -54,7 +54,7 @@ def _plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts with no cached lease store, the default router and no env config."""
     from airflow.sdk.bases.operator import ExecutorSafeguard
 
-    from airflow_plugins import config, early_acquire, prewarm, routing
+    from airflow_plugins.protection import config, connection_warmup, early_acquire, routing
 
     for name in list(os.environ):
         if name.startswith("AIRFLOW__EXACTLY_ONCE__") or name.startswith("AIRFLOW_CONN_"):
@@ -62,8 +62,8 @@ def _plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # operators are executed directly here, not by the task runner
     monkeypatch.setattr(ExecutorSafeguard, "test_mode", True)
     routing.register_router(None)
-    monkeypatch.setattr(prewarm, "_started", False)
-    monkeypatch.setattr(prewarm, "_task", None)
+    monkeypatch.setattr(connection_warmup, "_started", False)
+    monkeypatch.setattr(connection_warmup, "_task", None)
     early_acquire.forget()
     config._conf_cache.clear()
     yield

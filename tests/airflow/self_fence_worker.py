@@ -27,7 +27,7 @@ def main() -> None:
     from airflow.sdk import DAG
     from airflow.sdk.bases.operator import ExecutorSafeguard
 
-    from airflow_plugins import policy
+    from airflow_plugins.protection import policy
     from tests.airflow.conftest import task_context
 
     ExecutorSafeguard.test_mode = True

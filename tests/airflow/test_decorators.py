@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from airflow.sdk import DAG
 
-from airflow_plugins.decorators import ExactlyOnceDecoratedOperator, exactly_once_task
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease import LeaseStore
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.decorators import ExactlyOnceDecoratedOperator, exactly_once_task
 from tests.airflow.conftest import task_context
 
 NIGHT = datetime(2024, 2, 15, 2, tzinfo=UTC)

@@ -20,9 +20,9 @@ from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from airflow_plugins.keys import Period, business_period, parse_business_date
 from airflow_plugins.lease import Holder, LeaseStore
-from airflow_plugins.task_key import target_from_context
+from airflow_plugins.lease.keys import Period, business_period, parse_business_date
+from airflow_plugins.protection.task_identity import target_from_context
 from airflow_plugins.views.pages import audit_page
 from airflow_plugins.watcher.dags import TimetableSchedule, watched_dag
 from airflow_plugins.watcher.gaps import LeaseRow, RunStatus, expected_runs, judge

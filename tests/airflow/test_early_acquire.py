@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from airflow_plugins import early_acquire, prewarm
 from airflow_plugins.lease import Holder, LeaseStore
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.protection import connection_warmup, early_acquire
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 from tests.airflow.conftest import task_context
 from tests.airflow.test_operator import (
     CUSTOMERS,
@@ -32,7 +32,7 @@ from tests.lease.waiting import wait_for
 @pytest.fixture
 def preparing(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process is a task runner's, started to run billing_nightly.charge."""
-    monkeypatch.setattr(prewarm, "_task", ("billing_nightly", "charge"))
+    monkeypatch.setattr(connection_warmup, "_task", ("billing_nightly", "charge"))
 
 
 def _events(lease: str) -> list[tuple[str, str | None]]:

@@ -17,7 +17,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_plugins.lease import LeaseStore
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 from tests.airflow.conftest import task_context
 
 
@@ -87,7 +87,7 @@ def test_the_current_period_and_the_past_may_be_named(plugin_env: dict[str, str]
 
 
 def test_a_dag_that_declares_future_dates_may_run_ahead(plugin_env: dict[str, str]) -> None:
-    from airflow_plugins.keys import ALLOW_FUTURE_TAG
+    from airflow_plugins.lease.keys import ALLOW_FUTURE_TAG
 
     body = Body()
     op = _operator(body, tags=[ALLOW_FUTURE_TAG])

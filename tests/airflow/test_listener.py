@@ -27,8 +27,8 @@ from airflow.listeners.spec import dagrun as dagrun_spec
 from airflow.sdk import DAG
 from airflow.sdk._shared.listeners.spec import taskinstance as ti_spec
 
-from airflow_plugins import listener
 from airflow_plugins.lease import Holder, LeaseKeeper, LeaseStore, Outcome
+from airflow_plugins.protection import listener
 from tests.airflow.conftest import closed_port
 from tests.lease.waiting import wait_for
 
@@ -246,7 +246,8 @@ def test_a_task_process_start_does_not_connect(
 ) -> None:
     called: list[object] = []
     monkeypatch.setattr(LeaseStore, "warm_up", lambda store: called.append(store))
-    # the task runner's own marker (its process warms through airflow_plugins.prewarm)
+    # the task runner's own marker (its process warms through
+    # airflow_plugins.protection.connection_warmup)
     assert listener.on_starting(component=SimpleNamespace()) is None
     assert called == []
 

@@ -17,8 +17,8 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_plugins.lease import LeaseStore
-from airflow_plugins.operators import ExactlyOnceOperator
-from airflow_plugins.task_key import target_from_context
+from airflow_plugins.protection.operators import ExactlyOnceOperator
+from airflow_plugins.protection.task_identity import target_from_context
 from bridge.identity import map_key_of
 from tests.airflow.conftest import task_context
 

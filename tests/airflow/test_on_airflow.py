@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.demo.stack import SCHEDULERS
-from airflow_plugins.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
 from tests.harness.airflow_harness import (
     EXTRA_DAG_FOLDERS,

@@ -19,11 +19,11 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from airflow_plugins import routing
-from airflow_plugins.fence_context import Fence, FenceStopped
 from airflow_plugins.lease import Holder, LeaseStore, Outcome, StaleToken, fenced_transaction
-from airflow_plugins.operators import ExactlyOnceOperator
-from airflow_plugins.triggers import LeaseReleasedTrigger, LeaseStoreReachableTrigger
+from airflow_plugins.lease.fence import Fence, FenceStopped
+from airflow_plugins.protection import routing
+from airflow_plugins.protection.operators import ExactlyOnceOperator
+from airflow_plugins.protection.triggers import LeaseReleasedTrigger, LeaseStoreReachableTrigger
 from tests.airflow.conftest import closed_port, task_context
 
 KEY = "billing_nightly/charge/2024-02-15"
@@ -124,7 +124,7 @@ def test_held_defers_on_the_trigger_then_runs_after_release(plugin_env: dict[str
         assert isinstance(trigger, LeaseReleasedTrigger)
         assert deferred.value.method_name == "resume_after_wait"
         classpath, kwargs = trigger.serialize()
-        assert classpath == "airflow_plugins.triggers.LeaseReleasedTrigger"
+        assert classpath == "airflow_plugins.protection.triggers.LeaseReleasedTrigger"
         assert kwargs["key"] == KEY
         assert kwargs["token"] == other.token
         assert kwargs["dsn"] is None
@@ -222,7 +222,7 @@ def test_unreachable_store_defers_and_never_runs_the_body(
         op.execute(task_context(op, logical_date=NIGHT))
     assert isinstance(deferred.value.trigger, LeaseStoreReachableTrigger)
     classpath, kwargs = deferred.value.trigger.serialize()
-    assert classpath == "airflow_plugins.triggers.LeaseStoreReachableTrigger"
+    assert classpath == "airflow_plugins.protection.triggers.LeaseStoreReachableTrigger"
     # it resumes no sooner than [exactly_once] wait_at_least after deferring
     assert deferred_at + 12 <= kwargs["not_before"] <= time.time() + 12
     assert body.calls == 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_plugins import config, listener
 from airflow_plugins.lease import InvalidLeaseInput
-from airflow_plugins.plugin import URL_PREFIX, ExactlyOncePlugin
+from airflow_plugins.protection import config, listener
+from airflow_plugins.protection.plugin import URL_PREFIX, ExactlyOncePlugin
 
 
 # importing Airflow's API app imports starlette's test client, which warns about httpx

@@ -25,8 +25,8 @@ import pytest
 from airflow import settings
 from airflow.dag_processing.dagbag import DagBag
 
-from airflow_plugins import policy
 from airflow_plugins.lease import LeaseStore
+from airflow_plugins.protection import policy
 from tests.airflow.conftest import task_context
 from tests.conftest import store_backends
 from tests.lease.waiting import wait_for
@@ -53,7 +53,7 @@ def _policy_registered() -> Iterator[None]:
 @pytest.fixture
 def bag(caplog: pytest.LogCaptureFixture) -> Iterator[DagBag]:
     """The test DAG folder parsed with the policy registered."""
-    caplog.set_level(logging.WARNING, logger="airflow_plugins.policy")
+    caplog.set_level(logging.WARNING, logger="airflow_plugins.protection.policy")
     with _policy_registered():
         yield DagBag(str(DAGS))
 
@@ -83,7 +83,7 @@ def test_each_wrapped_task_is_warned_about_its_missing_fence(
     bag: DagBag, caplog: pytest.LogCaptureFixture
 ) -> None:
     parsed = caplog.get_records("setup")  # the DagBag is parsed in the fixture
-    messages = [r.getMessage() for r in parsed if r.name == "airflow_plugins.policy"]
+    messages = [r.getMessage() for r in parsed if r.name == "airflow_plugins.protection.policy"]
     for task_id in ("py", "deco", "bash"):
         assert any(
             f"policy_tagged.{task_id} wrapped" in m and "uses no fence" in m for m in messages

@@ -14,7 +14,7 @@ import airflow
 import jsonschema
 import pytest
 
-from airflow_plugins import config
+from airflow_plugins.protection import config
 from airflow_plugins.provider_info import PACKAGE, get_provider_info
 from bridge import config as bridge_config
 
@@ -85,4 +85,4 @@ def test_airflow_lists_the_provider_its_config_and_the_plugin(tmp_path: Path) ->
     plugins = json.loads(_airflow(tmp_path, "plugins", "-o", "json").stdout)
     ours = [p for p in plugins if p["name"] == "exactly_once"]
     assert len(ours) == 1
-    assert ours[0]["listeners"] == ["airflow_plugins.listener"]
+    assert ours[0]["listeners"] == ["airflow_plugins.protection.listener"]

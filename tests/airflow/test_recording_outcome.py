@@ -21,10 +21,10 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 from psycopg import sql
 
-from airflow_plugins import protected_try
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease import Holder, LeaseStore, fenced_transaction
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection import protected_try
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 from tests.airflow.conftest import task_context
 from tests.conftest import ADMIN_DSN
 
@@ -295,7 +295,7 @@ def test_a_policy_wrapped_export_under_a_store_blip_is_completed_not_run_again(
     # completion and the export done twice
     from airflow.providers.standard.operators.python import PythonOperator
 
-    from airflow_plugins import policy
+    from airflow_plugins.protection import policy
 
     outage = StoreOutage(plugin_env["lease"])
     exports: list[str] = []

@@ -9,9 +9,9 @@ import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from airflow_plugins.keys import Period, escape_map_key
 from airflow_plugins.lease import InvalidLeaseInput
-from airflow_plugins.task_key import dag_period, target_from_context
+from airflow_plugins.lease.keys import Period, escape_map_key
+from airflow_plugins.protection.task_identity import dag_period, target_from_context
 from tests.airflow.conftest import task_context
 
 
@@ -180,7 +180,7 @@ def test_the_scheduler_side_dag_resolves_the_same_period_and_timezone(schedule: 
     # the listener sees the serialized DAG, the operator the parsed one: same key either way
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from airflow_plugins.task_key import dag_timezone
+    from airflow_plugins.protection.task_identity import dag_timezone
 
     dag = _task(schedule, tz="Europe/Paris").dag
     serialized = DagSerialization.from_dict(DagSerialization.to_dict(dag))

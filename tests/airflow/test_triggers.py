@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from airflow_plugins.lease import Holder, LeaseStore
-from airflow_plugins.triggers import LeaseReleasedTrigger, LeaseStoreReachableTrigger
+from airflow_plugins.protection.triggers import LeaseReleasedTrigger, LeaseStoreReachableTrigger
 from tests.airflow.conftest import free_port
 
 KEY = "billing_nightly/charge/2024-02-15"
@@ -32,7 +32,7 @@ def _rebuilt(trigger: Any) -> Any:
 def test_serialize_returns_the_exact_classpath_and_round_trips() -> None:
     released = LeaseReleasedTrigger(key=KEY, token=7, poll_interval=0.5)
     assert released.serialize() == (
-        "airflow_plugins.triggers.LeaseReleasedTrigger",
+        "airflow_plugins.protection.triggers.LeaseReleasedTrigger",
         {
             "key": KEY,
             "token": 7,
@@ -48,7 +48,7 @@ def test_serialize_returns_the_exact_classpath_and_round_trips() -> None:
     assert _rebuilt(own).serialize() == own.serialize()
     reachable = LeaseStoreReachableTrigger(poll_interval=2.0)
     assert reachable.serialize() == (
-        "airflow_plugins.triggers.LeaseStoreReachableTrigger",
+        "airflow_plugins.protection.triggers.LeaseStoreReachableTrigger",
         {"poll_interval": 2.0, "dsn": None, "conn_id": None, "not_before": None},
     )
     assert _rebuilt(reachable).serialize() == reachable.serialize()
@@ -151,7 +151,7 @@ class _Relay:
 
 
 def test_reachable_trigger_waits_through_an_outage(lease_db: str) -> None:
-    from airflow_plugins import config
+    from airflow_plugins.protection import config
 
     real = psycopg.conninfo.conninfo_to_dict(lease_db)
     port = free_port()

@@ -27,12 +27,12 @@ from temporalio.worker import Worker
 
 from airflow_plugins.demo.stack import wait_until
 from airflow_plugins.lease import LeaseStore
-from bridge.activities import BridgeActivities
-from bridge.catalog import TaskCatalog
-from bridge.client import connect
 from bridge.config import BridgeConfig
 from bridge.cutover import ModeStore, migrate_bridge
-from bridge.worker import build_workers
+from bridge.temporal.client import connect
+from bridge.worker.activities import BridgeActivities
+from bridge.worker.catalog import TaskCatalog
+from bridge.worker.lanes import build_workers
 
 TEMPORAL_PORT = 27233
 REPO = Path(__file__).resolve().parents[2]

@@ -17,12 +17,12 @@ import uuid
 from datetime import date, timedelta
 from pathlib import Path
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, Holder, LeaseStore, migrate
+from airflow_plugins.lease.keys import lease_key
 from bridge.config import BridgeConfig
 from bridge.cutover import migrate_bridge
-from bridge.handover import Handover, run_handle
 from bridge.spec import UPSTREAM_MARKER, DagSpec, TaskSpec
+from bridge.temporal.handover import Handover, run_handle
 from tests.bridge.conftest import running_worker
 from tests.bridge.test_dag_run import billing_spec
 from tests.conftest import create_database, drop_database

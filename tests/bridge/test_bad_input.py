@@ -16,16 +16,16 @@ from airflow.providers.standard.operators.python import BranchPythonOperator
 from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor
 from airflow.sdk import DAG, task
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import LeaseStore
-from airflow_plugins.routing import ProtectedRun
-from bridge import handoff
-from bridge.client import TemporalUnavailable, connect
-from bridge.config import BridgeConfig
-from bridge.handover import Handover, HandoverRefused, PayloadTooLarge
+from airflow_plugins.lease.keys import lease_key
+from airflow_plugins.protection.routing import ProtectedRun
+from bridge.config import BridgeConfig, TemporalUnavailable
 from bridge.identity import workflow_id
+from bridge.in_airflow import handoff
+from bridge.in_airflow.translate import UntranslatableDag, translate
 from bridge.spec import DagSpec, TaskSpec
-from bridge.translate import UntranslatableDag, translate
+from bridge.temporal.client import connect
+from bridge.temporal.handover import Handover, HandoverRefused, PayloadTooLarge
 from tests.bridge.conftest import REPO, running_worker
 from tests.bridge.test_dag_run import billing_spec, new_dag
 
@@ -112,8 +112,8 @@ def test_protected_task_routed_to_unreachable_temporal_fails_for_a_retry(
 ) -> None:
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from airflow_plugins.operators import ExactlyOnceOperator
-    from bridge.routing import TemporalHandover
+    from airflow_plugins.protection.operators import ExactlyOnceOperator
+    from bridge.in_airflow.router import TemporalHandover
 
     def charge(fence: object, count: int) -> int:
         return count

@@ -7,12 +7,12 @@ from datetime import date, timedelta
 
 import pytest
 
-from airflow_plugins.keys import first_day, lease_key
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease.keys import first_day, lease_key
 from bridge.chains import UpstreamNotDone, upstream_gate
 from bridge.config import BridgeConfig
-from bridge.handover import Handover, run_handle
 from bridge.spec import DagSpec, RetrySpec, TaskSpec
+from bridge.temporal.handover import Handover, run_handle
 from tests.bridge.conftest import running_worker
 from tests.bridge.test_dag_run import new_dag
 

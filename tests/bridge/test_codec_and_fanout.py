@@ -10,11 +10,11 @@ import pytest
 from temporalio.client import Client
 
 from airflow_plugins.lease import LeaseStore
-from bridge.client import data_converter
-from bridge.codec import CodecKeyError, EncryptionCodec, new_key, parse_key
 from bridge.config import BridgeConfig
-from bridge.handover import Handover, run_handle
 from bridge.identity import workflow_id
+from bridge.temporal.client import data_converter
+from bridge.temporal.codec import CodecKeyError, EncryptionCodec, new_key, parse_key
+from bridge.temporal.handover import Handover, run_handle
 from tests.bridge.conftest import per_customer, running_worker
 from tests.bridge.record_history import replay_spec
 from tests.bridge.test_dag_run import billing_spec, new_dag

@@ -14,9 +14,15 @@ from pathlib import Path
 import pytest
 from temporalio.converter import DataConverter, WorkflowSerializationContext
 
-from bridge.client import data_converter, tls_config
-from bridge.codec import EncryptionCodec, PlaintextPayload, new_key, parse_key, warn_if_unencrypted
 from bridge.config import BridgeConfig, ConfigError
+from bridge.temporal.client import data_converter, tls_config
+from bridge.temporal.codec import (
+    EncryptionCodec,
+    PlaintextPayload,
+    new_key,
+    parse_key,
+    warn_if_unencrypted,
+)
 
 WORKFLOW = "billing_nightly/2024-02-15"
 CONTEXT = WorkflowSerializationContext(namespace="default", workflow_id=WORKFLOW)
@@ -43,7 +49,7 @@ def test_encrypted_payloads_round_trip_and_plaintext_is_read_only_when_allowed()
 def test_the_worker_warns_loudly_when_payloads_are_not_encrypted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="bridge.codec"):
+    with caplog.at_level(logging.WARNING, logger="bridge.temporal.codec"):
         assert warn_if_unencrypted(None)
         assert not warn_if_unencrypted(EncryptionCodec(parse_key(new_key())))
     assert [r.getMessage()[:28] for r in caplog.records] == ["PAYLOADS ARE NOT ENCRYPTED: "]

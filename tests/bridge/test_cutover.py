@@ -16,10 +16,10 @@ from airflow_plugins.lease import LeaseStore
 from bridge.comparison import ready
 from bridge.config import BridgeConfig
 from bridge.cutover import CutoverMode, ModeChangeRefused, ModeStore, UnknownMode, audit_key
-from bridge.handover import Handover, run_handle
 from bridge.identity import workflow_id
-from bridge.schedule import create_schedule, delete_schedule, schedule_id
 from bridge.spec import DagSpec, RunMode
+from bridge.temporal.handover import Handover, run_handle
+from bridge.temporal.schedule import create_schedule, delete_schedule, schedule_id
 from tests.bridge.conftest import REPO, charges, per_customer, running_worker, wait_for
 from tests.bridge.test_dag_run import billing_spec, new_dag
 from tests.bridge.test_shadow import airflow_primary

@@ -10,12 +10,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease.keys import lease_key
 from bridge.config import BridgeConfig
-from bridge.handover import Handover, run_handle
 from bridge.identity import workflow_id
 from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, TaskSpec
+from bridge.temporal.handover import Handover, run_handle
 from tests.bridge.conftest import per_customer, running_worker
 
 W = "tests.bridge.workloads"

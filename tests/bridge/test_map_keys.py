@@ -8,7 +8,7 @@ from airflow_plugins.lease import InvalidLeaseInput
 
 
 def test_two_mapped_items_with_one_key_fail_naming_both() -> None:
-    from airflow_plugins.keys import escape_map_key
+    from airflow_plugins.lease.keys import escape_map_key
     from bridge.identity import map_items
 
     values = [{"tenant": "acme"}, {"tenant": "initech"}, {"tenant": "acme"}]

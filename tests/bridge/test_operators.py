@@ -26,15 +26,15 @@ from airflow.sdk import DAG, BaseOperator
 from temporalio.client import WorkflowFailureError
 
 from airflow_plugins.lease import InvalidLeaseInput, LeaseStore
-from bridge.catalog import TaskCatalog
-from bridge.client import connect
 from bridge.config import BridgeConfig
-from bridge.execution import business_run
 from bridge.graph import shadow_refusals
-from bridge.handover import Handover, run_handle
-from bridge.routing import single_task_spec
+from bridge.in_airflow.router import single_task_spec
+from bridge.in_airflow.translate import UntranslatableDag, translate
 from bridge.spec import TaskKind
-from bridge.translate import UntranslatableDag, translate
+from bridge.temporal.client import connect
+from bridge.temporal.handover import Handover, run_handle
+from bridge.worker.catalog import TaskCatalog
+from bridge.worker.execution import business_run
 from tests.bridge.conftest import kill_process, running_worker, start_worker_process
 
 BD = (date.today() - timedelta(days=2)).isoformat()

@@ -1,7 +1,7 @@
 """A recorded DAG-run history replays against today's workflow code without non-determinism.
 
-If this fails, a change to ``bridge/workflows.py`` would break running workflows: guard it with
-``workflow.patched`` instead of re-recording the history.
+If this fails, a change to ``bridge/worker/workflows.py`` would break running workflows: guard it
+with ``workflow.patched`` instead of re-recording the history.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from bridge.worker import WORKFLOWS
+from bridge.worker.lanes import WORKFLOWS
 from tests.bridge.record_history import HISTORY
 
 

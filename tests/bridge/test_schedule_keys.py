@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.client import Client, Schedule, ScheduleActionStartWorkflow, ScheduleState
 
-from airflow_plugins.task_key import target_from_context
+from airflow_plugins.protection.task_identity import target_from_context
 from airflow_plugins.watcher.dags import TimetableSchedule
 from bridge.identity import tick_business_date
-from bridge.schedule import NoCronSchedule, create_schedule, schedule_spec
-from bridge.translate import translate
+from bridge.in_airflow.translate import translate
+from bridge.temporal.schedule import NoCronSchedule, create_schedule, schedule_spec
 from tests.airflow.conftest import task_context
 
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Sydney", "Asia/Kolkata", "UTC"]

@@ -10,13 +10,13 @@ from datetime import date, timedelta
 import psycopg
 import pytest
 
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.keys import first_day, lease_key
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.lease.keys import first_day, lease_key
 from bridge.comparison import get_comparison, ready
 from bridge.config import BridgeConfig
-from bridge.handover import Handover, HandoverRefused, run_handle
 from bridge.spec import RunMode, TaskSpec
+from bridge.temporal.handover import Handover, HandoverRefused, run_handle
 from tests.bridge import workloads
 from tests.bridge.conftest import charges, running_worker
 from tests.bridge.test_dag_run import billing_spec, new_dag

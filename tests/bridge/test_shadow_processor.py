@@ -21,14 +21,14 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from airflow_plugins.demo.processor import PaymentProcessor
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.keys import first_day, lease_key
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.lease.keys import first_day, lease_key
 from bridge.comparison import get_comparison
 from bridge.config import BridgeConfig
-from bridge.egress import ShadowEgressRefused, no_egress
-from bridge.handover import Handover, run_handle
 from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, RunMode, TaskSpec
+from bridge.temporal.handover import Handover, run_handle
+from bridge.worker.egress import ShadowEgressRefused, no_egress
 from tests.bridge import workloads
 from tests.bridge.conftest import running_worker
 

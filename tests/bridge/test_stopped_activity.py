@@ -17,13 +17,13 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease import LeaseStore
-from bridge.activities import BridgeActivities
-from bridge.catalog import TaskCatalog
+from airflow_plugins.lease.fence import Fence
 from bridge.cutover import ModeStore
 from bridge.identity import task_key
 from bridge.spec import RunMode, TaskInput, TaskSpec
+from bridge.worker.activities import BridgeActivities
+from bridge.worker.catalog import TaskCatalog
 from tests.airflow.conftest import conn_uri
 
 DAG_ID = "billing_bridge_stop"

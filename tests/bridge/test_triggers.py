@@ -10,9 +10,9 @@ from temporalio.client import WorkflowExecutionStatus
 
 from airflow_plugins.lease import LeaseStore
 from bridge.config import BridgeConfig
-from bridge.handover import Handover
+from bridge.in_airflow.workflow_trigger import WorkflowTrigger
 from bridge.spec import DagSpec, RetrySpec, TaskSpec
-from bridge.triggers import WorkflowTrigger
+from bridge.temporal.handover import Handover
 from tests.bridge.conftest import running_worker
 from tests.bridge.test_dag_run import billing_spec, new_dag
 
@@ -22,7 +22,7 @@ BD = (date.today() - timedelta(days=1)).isoformat()
 def test_serialize_names_the_exact_classpath() -> None:
     trigger = WorkflowTrigger("dagrun:d/t/2024-02-15", "127.0.0.1:7233", "ns")
     path, kwargs = trigger.serialize()
-    assert path == "bridge.triggers.WorkflowTrigger"
+    assert path == "bridge.in_airflow.workflow_trigger.WorkflowTrigger"
     assert WorkflowTrigger(**kwargs).serialize() == (path, kwargs)
 
 

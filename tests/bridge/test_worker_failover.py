@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import LeaseStore
-from bridge.client import connect
+from airflow_plugins.lease.keys import lease_key
 from bridge.config import BridgeConfig
-from bridge.handover import Handover, run_handle
+from bridge.temporal.client import connect
+from bridge.temporal.handover import Handover, run_handle
 from tests.bridge.conftest import kill_process, per_customer, start_worker_process, wait_for
 from tests.bridge.test_dag_run import BD, billing_spec, new_dag
 

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease.fence import Fence
 
 
 def customers(count: int) -> list[str]:

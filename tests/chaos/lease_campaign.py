@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from airflow_plugins.embedded_postgres import EmbeddedPostgres
+from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from tests.lease.ports import free_port
 

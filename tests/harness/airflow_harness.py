@@ -54,10 +54,10 @@ EXTRA_DAG_FOLDERS: dict[str, Path] = {}
 EXTRA_ENV: dict[str, str] = {}
 
 _POLICY_SHIM = '''"""Written by the test harness: the package's entry points are not installed."""
-from airflow_plugins.policy import task_policy  # noqa: F401
+from airflow_plugins.protection.policy import task_policy  # noqa: F401
 '''
 _PLUGIN_SHIM = '''"""Written by the test harness: the package's entry points are not installed."""
-from airflow_plugins.plugin import ExactlyOncePlugin  # noqa: F401
+from airflow_plugins.protection.plugin import ExactlyOncePlugin  # noqa: F401
 '''
 
 

@@ -9,8 +9,8 @@ from datetime import date, timedelta
 import psycopg
 import pytest
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import Holder, InvalidLeaseInput, LeaseStore, Outcome
+from airflow_plugins.lease.keys import lease_key
 from tests.lease.waiting import wait_for
 
 DAY = date(2024, 2, 15)

@@ -18,7 +18,6 @@ import psycopg
 import pytest
 
 from airflow_plugins.demo.processor import PaymentProcessor
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease import (
     LEASE_STORE,
     SINK_FENCE,
@@ -40,6 +39,7 @@ from airflow_plugins.lease.external_call import (
     RetryPolicy,
     recorded_calls,
 )
+from airflow_plugins.lease.fence import Fence
 from tests.conftest import create_database, drop_database
 from tests.lease.waiting import wait_for
 

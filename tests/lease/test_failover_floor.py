@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from airflow_plugins.embedded_postgres import EmbeddedPostgres
+from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import (
     LEASE_STORE,
     SINK_FENCE,

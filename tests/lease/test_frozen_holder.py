@@ -21,7 +21,7 @@ import psutil
 import psycopg
 import pytest
 
-from airflow_plugins.embedded_postgres import EmbeddedPostgres
+from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import (
     SINK_FENCE,
     Holder,

@@ -12,8 +12,8 @@ import threading
 import psycopg
 import pytest
 
-from airflow_plugins.fence_context import Fence
 from airflow_plugins.lease import Holder, LeaseKeeper, LeaseStore, LeaseStoreUnavailable
+from airflow_plugins.lease.fence import Fence
 from tests.lease.tcp_proxy import TcpProxy
 from tests.lease.waiting import wait_for
 
@@ -92,15 +92,15 @@ def test_an_outage_costs_a_few_reconnects_not_a_storm(lease_db: str) -> None:
 def test_sink_connections_are_bounded_in_time(
     sink_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_plugins import protected_try
-    from bridge import fencing
+    from airflow_plugins.protection import protected_try
+    from bridge.worker import activity_fence
 
     p = psycopg.conninfo.conninfo_to_dict(sink_db)
     uri = f"postgres://{p.get('user', 'postgres')}@{p['host']}:{p.get('port', 5432)}/{p['dbname']}"
     monkeypatch.setenv("AIRFLOW_CONN_BILLING_SINK", uri)
     connect = protected_try._sink_connect("billing_sink")
     assert connect is not None
-    for make in (connect, fencing._connector(sink_db)):
+    for make in (connect, activity_fence._connector(sink_db)):
         with make() as conn:
             params = conn.info.get_parameters()
             assert params.get("keepalives") == "1"

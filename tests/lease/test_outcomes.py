@@ -7,8 +7,8 @@ from datetime import UTC, date, datetime, timedelta
 import psycopg
 import pytest
 
-from airflow_plugins.keys import lease_key
 from airflow_plugins.lease import Holder, LeaseLost, LeaseStore, Outcome
+from airflow_plugins.lease.keys import lease_key
 from tests.lease.waiting import wait_for
 
 KEY = str(lease_key("billing_nightly", "charge", "2024-02-15"))

@@ -5,8 +5,8 @@ Users come from Airflow's SimpleAuthManager: ``admin`` (admin role) and ``viewer
 so the tests log in exactly as a person does; ``restricted`` (viewer) may read one DAG only,
 through a SimpleAuthManager subclass with per-DAG grants (tests/views/grants.py). The plugin
 is loaded from a plugins folder that
-imports ``airflow_plugins.plugin`` (the entry point loads the same class when installed; Airflow
-registers a plugin name once).
+imports ``airflow_plugins.protection.plugin`` (the entry point loads the same class when installed;
+Airflow registers a plugin name once).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ OPTED_IN_DAG = textwrap.dedent(
 )
 PLUGIN = textwrap.dedent(
     """
-    from airflow_plugins.plugin import ExactlyOncePlugin  # noqa: F401
+    from airflow_plugins.protection.plugin import ExactlyOncePlugin  # noqa: F401
     """
 )
 

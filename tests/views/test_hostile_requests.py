@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_plugins.keys import Period
 from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
+from airflow_plugins.lease.keys import Period
 from airflow_plugins.watcher.gaps import WatchedDag
 
 with warnings.catch_warnings():

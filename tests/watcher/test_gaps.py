@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from airflow_plugins.keys import Period, business_period, lease_key
 from airflow_plugins.lease import Holder, LeaseStore
+from airflow_plugins.lease.keys import Period, business_period, lease_key
 from airflow_plugins.watcher import RunReport, RunStatus, WatchedDag, Watcher, evaluate
 from airflow_plugins.watcher.dags import TimetableSchedule, watched_dag
 from airflow_plugins.watcher.service import serve_health

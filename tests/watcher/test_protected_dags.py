@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 
 from airflow.sdk import DAG, task
 
-from airflow_plugins.decorators import exactly_once_task
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.protection.decorators import exactly_once_task
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 START = datetime(2031, 1, 1, tzinfo=timezone.utc)
 

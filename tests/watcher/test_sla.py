@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_plugins.sla import percentile, summarise
+from airflow_plugins.protection.sla import percentile, summarise
 
 
 def test_percentiles_are_nearest_rank() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from airflow_plugins.demo.stack import SCHEDULERS
-from airflow_plugins.keys import Period, business_period
+from airflow_plugins.lease.keys import Period, business_period
 from tests.harness.airflow_harness import AirflowHarness, wait_for
 from tests.watcher.minutely import MinutelyDag, succeeded_periods, wait_for_runs
 

@@ -10,7 +10,7 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, task
 
-from airflow_plugins.operators import ExactlyOnceOperator
+from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 

@@ -11,8 +11,8 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_plugins.decorators import exactly_once_task
-from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.decorators import exactly_once_task
 
 with DAG(
     "b_deferral",

@@ -6,7 +6,7 @@ import pendulum
 import psycopg
 from airflow.sdk import DAG, get_current_context, task
 
-from airflow_plugins.config import sink_dsn
+from airflow_plugins.protection.config import sink_dsn
 
 with DAG(
     "b_policy_mapped",

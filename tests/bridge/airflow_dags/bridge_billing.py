@@ -3,9 +3,9 @@
 
 Test wiring: the harness has no per-suite Airflow settings, so this file installs the bridge's
 router for its own tasks (``register_router``; a deployment sets ``[exactly_once] router =
-bridge.routing:BridgeRouter`` instead) and points the bridge at the test session's Temporal dev
-server (port 27233, task queues ``bridge-e2e-*``, shadow comparisons polled every second)
-unless the environment says otherwise.
+bridge.in_airflow.router:BridgeRouter`` instead) and points the bridge at the test session's
+Temporal dev server (port 27233, task queues ``bridge-e2e-*``, shadow comparisons polled every
+second) unless the environment says otherwise.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pendulum
 from airflow.sdk import DAG, Param
 from billing_charges import charge_customers, customers
 
-from airflow_plugins.fence_context import Fence
-from airflow_plugins.operators import ExactlyOnceOperator
-from airflow_plugins.routing import register_router
-from bridge.routing import BridgeRouter
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.operators import ExactlyOnceOperator
+from airflow_plugins.protection.routing import register_router
+from bridge.in_airflow.router import BridgeRouter
 
 os.environ.setdefault("BRIDGE_TEMPORAL_ADDR", "127.0.0.1:27233")
 os.environ.setdefault("BRIDGE_QUEUE_PREFIX", "bridge-e2e")

@@ -15,9 +15,9 @@ import pendulum
 from airflow.sdk import DAG, task
 from billing_charges import charge_customers, customers
 
-from airflow_plugins.decorators import exactly_once_task
-from airflow_plugins.fence_context import Fence
-from bridge.operator import BridgeOperator
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.decorators import exactly_once_task
+from bridge.in_airflow.operator import BridgeOperator
 
 os.environ.setdefault("BRIDGE_TEMPORAL_ADDR", "127.0.0.1:27233")
 os.environ.setdefault("BRIDGE_QUEUE_PREFIX", "bridge-e2e")

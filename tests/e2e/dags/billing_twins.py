@@ -26,8 +26,8 @@ from billing_charges import (
     customers,
 )
 
-from airflow_plugins.config import sink_dsn
-from airflow_plugins.fence_context import Fence
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.config import sink_dsn
 
 PARAMS = {
     "charge_delay": Param(0.05, type="number", minimum=0),

@@ -1,0 +1,84 @@
+"""Warms the lease store while Airflow is still preparing a protected task.
+
+A task process starts cold: its first lease call would open a Postgres connection (a new
+server backend) and plan the try's statements in it, about 10 ms before the body could start.
+Airflow parses the DAG file in the task process before it runs the task, and the cluster policy
+sees every task then; ``get_parsing_context()`` names the one this process is about to run.
+When that task is protected, ``start`` resolves the lease store, opens its connection and
+prepares the acquire and the finish without writing anything (``LeaseStore.warm_up``), and reads
+the plugin's options (``config.preload``), on a daemon thread, beside Airflow's own
+preparation (the rest of the parse, template rendering, its calls to the API server). The try's
+acquire then finds the connection open, or waits for the one being opened.
+
+It also records which task this process was started to run (``preparing``): only there does
+the try's acquire start before ``execute`` (``airflow_plugins.protection.early_acquire``).
+
+Nothing happens in the dag processor (no task is named there), for other tasks, or with
+``[exactly_once] enabled = False``. A failure is only logged: the try's own acquire connects
+and decides (it defers while the store is unreachable).
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import threading
+from typing import Any
+
+from airflow_plugins.protection import config
+
+log = logging.getLogger(__name__)
+
+_started = False
+_task: tuple[str, str] | None = None  # (dag id, task id) this process was started to run
+_lock = threading.Lock()
+
+
+def runs_here(task: Any) -> bool:
+    """Whether this process parsed the DAG file to run ``task`` (a task runner's parse)."""
+    from airflow.sdk import get_parsing_context
+
+    context = get_parsing_context()
+    dag = getattr(task, "dag", None)
+    return (
+        context.task_id is not None
+        and context.task_id == getattr(task, "task_id", None)
+        and context.dag_id == getattr(dag, "dag_id", None)
+    )
+
+
+def preparing(dag_id: str, task_id: str) -> bool:
+    """Whether this process is a task runner's, started to run that task (see ``start``)."""
+    return _task == (dag_id, task_id)
+
+
+def start(task: Any, conn_id: str | None = None) -> bool:
+    """Starts warming the lease store of this process's protected task (once per process).
+
+    One thread resolves the store, opens and prepares its connection and reads the options.
+    It is started without waiting for it to run (``threading.Thread.start`` waits, a
+    millisecond or more on a busy host, and the parse is on the task's path).
+
+    Args:
+        task: the task this process parsed its DAG file to run (``runs_here``).
+        conn_id: the task's own lease-store Connection (None: the configured store).
+
+    Returns:
+        Whether it started now (False: started before, or protection is off).
+    """
+    global _started, _task
+    with _lock:
+        if _started or not config.enabled():
+            return False
+        _started = True
+        _task = (task.dag.dag_id, task.task_id)
+    _thread.start_new_thread(_warm, (conn_id,))
+    return True
+
+
+def _warm(conn_id: str | None) -> None:
+    try:
+        config.task_lease_store(conn_id).warm_up()
+        config.preload()
+    except Exception as exc:  # the try's own acquire reports what is wrong
+        log.info("exactly-once: warming the lease store failed: %s", exc)

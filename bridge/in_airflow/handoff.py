@@ -1,0 +1,111 @@
+"""Runs a handover from an Airflow task process in a short-lived child process.
+
+temporalio's runtime can abort the interpreter at exit (SIGABRT in PyGILState_Release); an
+Airflow task process that exits with a signal is marked failed even after it deferred. So the
+task process never loads the Temporal client: it sends the request (JSON on stdin) to
+``python -m bridge.cli handover``, which answers with JSON on stdout and leaves with
+``os._exit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from airflow_plugins.lease import InvalidLeaseInput
+from bridge.config import BridgeConfig, TemporalUnavailable
+from bridge.spec import DagSpec, RunMode
+
+TIMEOUT_S = 120.0
+
+
+class HandoverFailed(RuntimeError):
+    """The handover process failed for a reason other than the ones below."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HandoffReply:
+    """What the handover process answered (see ``bridge.temporal.handover.Handoff``)."""
+
+    workflow_id: str
+    run_id: str | None
+    started: bool
+    recorded: Any = None
+
+
+def _resolved_config() -> BridgeConfig:
+    # resolved here, in the Airflow process: the child must not import Airflow's core (an
+    # Airflow task's environment does not let it initialise), so it gets everything it needs
+    config = BridgeConfig.load()
+    if config.lease_dsn:
+        return config
+    from airflow_plugins.protection.config import lease_dsn
+
+    return dataclasses.replace(config, lease_dsn=lease_dsn())
+
+
+def request(
+    spec: DagSpec,
+    business_date: str,
+    *,
+    mode: RunMode = RunMode.PRIMARY,
+    part: str | None = None,
+    map_key: str | None = None,
+    source: str = "",
+    wait: bool = True,
+) -> HandoffReply | None:
+    """Hands a run over through the child process.
+
+    Args:
+        wait: False for a shadow start that must not delay Airflow: fire and forget.
+
+    Raises:
+        TemporalUnavailable: Temporal did not answer; nothing was started.
+        InvalidLeaseInput: the run was refused (untranslatable, too large, bad input).
+        HandoverFailed: anything else.
+    """
+    config = _resolved_config()
+    body = json.dumps(
+        {
+            "config": dataclasses.asdict(config),
+            "spec": dataclasses.asdict(spec),
+            "business_date": business_date,
+            "mode": mode.value,
+            "part": part,
+            "map_key": map_key,
+            "source": source,
+        }
+    )
+    command = [sys.executable, "-m", "bridge.cli", "handover"]
+    if not wait:
+        # not waited for: it outlives this try if it must (a shadow start never blocks Airflow)
+        proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(body.encode())
+        proc.stdin.close()
+        return None
+    done = subprocess.run(
+        command, input=body.encode(), capture_output=True, timeout=TIMEOUT_S, env=dict(os.environ)
+    )
+    try:
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as exc:
+        raise HandoverFailed(
+            f"handover process exited {done.returncode}: {done.stderr.decode()[-2000:]}"
+        ) from exc
+    if answer.get("ok"):
+        return HandoffReply(
+            answer["workflow_id"], answer["run_id"], answer["started"], answer.get("recorded")
+        )
+    kind, message = answer.get("error_type"), str(answer.get("error"))
+    if kind == "TemporalUnavailable":
+        raise TemporalUnavailable(message)
+    if kind in ("HandoverRefused", "PayloadTooLarge", "InvalidLeaseInput", "UntranslatableDag"):
+        raise InvalidLeaseInput(message)
+    raise HandoverFailed(f"{kind}: {message}")

@@ -1,0 +1,319 @@
+"""The translatability report: which of a DAG's tasks the bridge can run in Temporal, and why not.
+
+Translation reads a parsed Airflow DAG (never runs it) and yields a ``DagSpec`` plus, for every
+task it cannot translate, its name and the reason. Nothing is handed over while any task is
+untranslatable: the report comes before anything runs.
+
+Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
+``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
+of these expanded over one upstream task's list, and any other operator whose
+``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker rebuilds
+it from its DAG folder, renders its templated fields and calls ``execute``
+(``bridge.worker.execution``). Not translated, with the reason: sensors, deferrable operators (a
+``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose code reaches
+Airflow's metadata DB (``create_session``, ``provide_session``, ``airflow.models``), operators
+that cannot be copied, mapped operators without a Python callable, branching and short-circuit
+operators, non-default trigger rules, cross-DAG operators, and Python-callable arguments holding
+Jinja templates (only Airflow renders them).
+
+DAG tags the bridge reads: ``side-effect-free`` (every task) or ``side-effect-free:<task_id>``,
+and ``bridge-lane:<lane>`` (the priority lane, e.g. ``billing``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow_plugins.protection.task_identity import dag_period, dag_timezone
+from bridge.spec import (
+    SCHEDULABLE_TIMETABLES,
+    UPSTREAM_MARKER,
+    DagSpec,
+    RetrySpec,
+    TaskKind,
+    TaskSpec,
+)
+from bridge.worker.execution import XCOM_ARGUMENT
+
+SIDE_EFFECT_FREE_TAG = "side-effect-free"
+LANE_TAG = "bridge-lane:"
+_CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
+_NOT_SCANNED = ("airflow.sdk.", "airflow.models.", "typing", "abc", "builtins")
+_DEFERS = ".defer("
+_METADATA_DB = ("create_session", "provide_session", "settings.Session", "airflow.models")
+_BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Untranslatable:
+    """A task the bridge cannot run, and why."""
+
+    task_id: str
+    operator: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """A DAG's translation: the spec (when every task translated) and what did not."""
+
+    dag_id: str
+    spec: DagSpec | None
+    untranslatable: tuple[Untranslatable, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when every task translated."""
+        return not self.untranslatable
+
+    def report(self) -> str:
+        """The human-readable report."""
+        if self.ok:
+            lines = [
+                f"{self.dag_id}: translatable ({len(self.spec.tasks) if self.spec else 0} tasks)"
+            ]
+        else:
+            lines = [f"{self.dag_id}: NOT translatable"]
+        lines += [f"  - {u.task_id} ({u.operator}): {u.reason}" for u in self.untranslatable]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class UntranslatableDag(ValueError):
+    """A DAG with tasks the bridge cannot run; the message lists them by name with reasons."""
+
+    def __init__(self, translation: Translation) -> None:
+        self.translation = translation
+        super().__init__(translation.report())
+
+
+def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> Translation:
+    """Translates a parsed Airflow DAG.
+
+    Args:
+        dag: the DAG (``airflow.sdk.DAG`` or a serialized DAG with tasks).
+        render: renders one task's templated argument (the bridge operator passes Airflow's
+            renderer at run time); without it, a templated argument is untranslatable.
+    """
+    tags = set(getattr(dag, "tags", None) or ())
+    free_all = SIDE_EFFECT_FREE_TAG in tags
+    lane = next((t.removeprefix(LANE_TAG) for t in tags if t.startswith(LANE_TAG)), "default")
+    specs: list[TaskSpec] = []
+    bad: list[Untranslatable] = []
+    notes: list[str] = []
+    for task in dag.tasks:
+        free = free_all or f"{SIDE_EFFECT_FREE_TAG}:{task.task_id}" in tags
+        try:
+            specs.append(task_spec(task, side_effect_free=free, render=render))
+        except _NotTranslatable as exc:
+            bad.append(Untranslatable(task.task_id, type(task).__name__, str(exc)))
+    timetable = getattr(dag, "timetable", None)
+    expression = getattr(timetable, "expression", None) or getattr(timetable, "_expression", None)
+    kind = type(timetable).__name__ if timetable is not None else None
+    if kind not in SCHEDULABLE_TIMETABLES:
+        notes.append(
+            f"its timetable {kind} cannot be reproduced by a Temporal Schedule: "
+            "temporal-scheduled mode is not available"
+        )
+    spec = DagSpec(
+        dag_id=dag.dag_id,
+        tasks=tuple(specs),
+        period=dag_period(dag).value,
+        timezone=dag_timezone(dag),
+        schedule=expression if isinstance(expression, str) else None,
+        lane=lane,
+        timetable=kind,
+    )
+    return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
+
+
+class _NotTranslatable(Exception):
+    pass
+
+
+def _class_names(task: Any) -> set[str]:
+    return {cls.__name__ for cls in type(task).__mro__}
+
+
+def _refuse_kinds(task: Any) -> None:
+    names = _class_names(task)
+    if "BaseSensorOperator" in names:
+        raise _NotTranslatable(
+            "a sensor waits in Airflow's poke/reschedule loop; replace it with a polling "
+            "activity or a signal to the workflow"
+        )
+    if getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
+        raise _NotTranslatable("deferrable: it waits on an Airflow trigger, which Temporal lacks")
+    if names & _BRANCHING:
+        raise _NotTranslatable("branching/short-circuit decides what runs from Airflow's state")
+    if names & _CROSS_DAG:
+        raise _NotTranslatable(
+            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)"
+        )
+    rule = str(getattr(task, "trigger_rule", "all_success"))
+    if rule.rsplit(".", 1)[-1].lower() != "all_success":
+        raise _NotTranslatable(f"trigger rule {rule!r}: only all_success is translated")
+
+
+def task_spec(
+    task: Any,
+    *,
+    side_effect_free: bool = False,
+    render: Callable[[Any, Any], Any] | None = None,
+) -> TaskSpec:
+    """The spec of one task (see the module doc for what translates).
+
+    Raises:
+        _NotTranslatable: with the reason.
+    """
+    _refuse_kinds(task)
+    names = _class_names(task)
+    partial: Mapping[str, Any] = getattr(task, "partial_kwargs", None) or {}
+    mapped = "MappedOperator" in names
+    fn = getattr(task, "python_callable", None) or partial.get("python_callable")
+    fn = getattr(fn, "_exactly_once_original", fn)
+    common = _common(task, partial)
+    if "EmptyOperator" in names:
+        return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
+    if fn is None:
+        return _operator_spec(task, names, mapped, side_effect_free, common)
+    args = getattr(task, "op_args", None) if not mapped else partial.get("op_args")
+    kwargs = getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")
+    map_over, map_arg = _expansion(task) if mapped else (None, "item")
+    fenced = "fence" in inspect.signature(fn).parameters
+    sink = getattr(task, "sink_conn_id", None) or partial.get("sink_conn_id")
+    return TaskSpec(
+        task.task_id,
+        kind=TaskKind.PYTHON,
+        callable_ref=_importable(fn),
+        args=tuple(_arguments(list(args or ()), render)),
+        kwargs=dict(_arguments(dict(kwargs or {}), render)),
+        fenced=fenced,
+        sink=sink,
+        side_effect_free=side_effect_free,
+        map_over=map_over,
+        map_arg=map_arg,
+        **common,
+    )
+
+
+def _operator_spec(
+    task: Any, names: set[str], mapped: bool, side_effect_free: bool, common: dict[str, Any]
+) -> TaskSpec:
+    """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
+    folder and rendering its templated fields (``bridge.worker.execution``)."""
+    if mapped:
+        raise _NotTranslatable(
+            "a mapped operator without a Python callable: map a @task over the list instead"
+        )
+    if "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
+        raise _NotTranslatable("a serialized task: translate from the DAG file, not the DB")
+    for cls in type(task).__mro__:
+        if cls.__module__.startswith(_NOT_SCANNED):
+            continue
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
+        # asked to; one without the flag may defer whenever its code says so
+        if _DEFERS in source and not hasattr(task, "deferrable"):
+            raise _NotTranslatable(
+                f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger"
+            )
+        used = next((m for m in _METADATA_DB if m in source), None)
+        if used is not None:
+            raise _NotTranslatable(
+                f"needs Airflow's metadata DB ({cls.__name__} uses {used}), which a worker "
+                "does not reach"
+            )
+    try:
+        copy.deepcopy(task)  # what the worker does before each run
+    except Exception as exc:
+        raise _NotTranslatable(f"the worker cannot rebuild it: {exc}") from exc
+    # Airflow lets an operator pull any task of its run that ran before it: every ancestor
+    # becomes an upstream (already implied under all_success), so the workflow passes its result
+    ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
+    return TaskSpec(
+        task.task_id,
+        kind=TaskKind.EXECUTE,
+        kwargs={XCOM_ARGUMENT: xcom},
+        side_effect_free=side_effect_free,
+        **{**common, "upstream": ancestors},
+    )
+
+
+def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:
+    def attr(name: str, default: Any) -> Any:
+        value = getattr(task, name, None)
+        return partial.get(name, default) if value is None else value
+
+    retries = int(attr("retries", 4) or 0)
+    delay = attr("retry_delay", timedelta(seconds=30))
+    max_delay = attr("max_retry_delay", None) or timedelta(minutes=10)
+    timeout = attr("execution_timeout", None)
+    return {
+        "upstream": tuple(sorted(task.upstream_task_ids)),
+        "timeout_s": timeout.total_seconds() if timeout else 3600.0,
+        "retry": RetrySpec(
+            maximum_attempts=retries + 1,
+            initial_interval_s=max(0.1, _seconds(delay)),
+            backoff_coefficient=2.0 if attr("retry_exponential_backoff", False) else 1.0,
+            maximum_interval_s=max(_seconds(delay), _seconds(max_delay)),
+        ),
+    }
+
+
+def _seconds(value: Any) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _expansion(task: Any) -> tuple[str, str]:
+    expand = getattr(task, "op_kwargs_expand_input", None) or getattr(task, "expand_input", None)
+    value = getattr(expand, "value", None)
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise _NotTranslatable("mapped over more than one argument (or a literal list)")
+    ((arg, source),) = value.items()
+    upstream = getattr(getattr(source, "operator", None), "task_id", None)
+    if upstream is None or getattr(source, "key", "return_value") != "return_value":
+        raise _NotTranslatable("mapped over something other than an upstream task's result")
+    return upstream, arg
+
+
+def _importable(fn: Callable[..., Any]) -> str | None:
+    module = getattr(fn, "__module__", "") or ""
+    qualname = getattr(fn, "__qualname__", "") or ""
+    if not module or "<locals>" in qualname or module.startswith("unusual_prefix_"):
+        return None  # defined in a DAG file: the worker finds it in its DAG folder
+    return f"{module}:{qualname}"
+
+
+def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
+    if hasattr(value, "operator") and hasattr(value, "key"):  # an XComArg
+        if value.key != "return_value":
+            raise _NotTranslatable(f"uses XCom key {value.key!r}: only return values translate")
+        return {UPSTREAM_MARKER: value.operator.task_id}
+    if isinstance(value, str) and "{{" in value:
+        if render is None:
+            raise _NotTranslatable(
+                f"argument {value!r} is a Jinja template only Airflow renders; hand the run over "
+                "from Airflow (the bridge operator renders it) or pass the value"
+            )
+        return render(value, None)
+    if isinstance(value, Mapping):
+        return {k: _arguments(v, render) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_arguments(v, render) for v in value]
+    return value
+
+
+def inventory(dags: Iterable[Any]) -> list[Translation]:
+    """Translates every DAG (the inventory a migration starts from)."""
+    return [translate(dag) for dag in sorted(dags, key=lambda d: d.dag_id)]

@@ -1,0 +1,5 @@
+"""``python -m bridge.worker``: the bridge worker (``bridge.worker.lanes``)."""
+
+from bridge.worker.lanes import main
+
+main()

@@ -1,0 +1,332 @@
+"""The bridge's activities: one task of a business run under its lease and sink fence.
+
+An activity takes the lease of its task's key (the key the Airflow operator builds), raises the
+sink's fence to its token, runs the task's code with a fence, and completes the lease with the
+result. Held by another live holder, it returns ``held`` at once: the workflow waits on a
+durable timer and calls again, so waiting holds no worker slot and uses up no attempt.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from airflow_plugins.lease import (
+    Holder,
+    InvalidLeaseInput,
+    Lease,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    Outcome,
+    StaleToken,
+)
+from airflow_plugins.lease.fence import FenceStopped
+from airflow_plugins.lease.keys import first_day
+from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
+from bridge.cutover import ModeStore
+from bridge.graph import substitute
+from bridge.identity import run_key, task_key
+from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
+from bridge.worker.activity_fence import BridgeFence, sink_dsn
+from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
+from bridge.worker.egress import ShadowEgressRefused, allowed_addresses, no_egress
+from bridge.worker.execution import business_run, run_operator, template_context
+
+#: Error types the workflow's retry policy never retries: retrying cannot fix them.
+NON_RETRYABLE = ("TaskCodeNotFound", "InvalidInput", "LeaseRefused")
+#: An operator's exceptions that fail its task at once (Airflow does not retry them either;
+#: a deferral that slipped past the translatability check cannot be resumed in a worker).
+_FAIL_NOW = {
+    "AirflowFailException",
+    "AirflowSkipException",
+    "ParamValidationError",
+    "TaskDeferred",
+    "XComNotCarried",
+}
+MAX_WAIT_S = 30.0
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+UNAVAILABLE_WAIT_S = 5.0
+#: How long an activity whose work returned retries recording it while the store is away.
+COMPLETE_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedModeInput:
+    """Asks for the cutover mode of one run (fixed by the first who asks)."""
+
+    dag_id: str
+    run_id: str
+
+
+class BridgeActivities:
+    """The activities of one worker, bound to its lease store, mode store and task catalog.
+
+    Args:
+        store: the lease store (the same one Airflow's operator uses).
+        catalog: where the worker finds task code.
+        modes: the cutover mode store (for scheduled runs and comparisons).
+    """
+
+    def __init__(self, store: LeaseStore, catalog: TaskCatalog, modes: ModeStore) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.modes = modes
+
+    @activity.defn(name="bridge.run_task")
+    def run_task(self, inp: TaskInput) -> TaskResult:
+        """Runs one task (or one mapped item) of a business run under its lease."""
+        info = activity.info()
+        spec = inp.task
+        key = task_key(inp.dag_id, spec.task_id, inp.business_date, inp.map_key, inp.mode)
+        holder = Holder.temporal(
+            workflow_id=info.workflow_id or "",
+            workflow_run_id=info.workflow_run_id or "",
+            activity_id=info.activity_id,
+            attempt=info.attempt,
+        )
+        try:
+            sink = sink_dsn(spec.sink) if spec.sink else None
+        except InvalidLeaseInput as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        try:
+            got = self.store.acquire(
+                key,
+                holder,
+                ttl=spec.lease_ttl_s,
+                business_date=first_day(inp.business_date),
+                input={"map_value": inp.map_value} if spec.map_over else None,
+            )
+        except LeaseStoreUnavailable as exc:
+            activity.logger.warning("lease store unavailable for %s: %s", key, exc)
+            return TaskResult("unavailable", key, wait_s=UNAVAILABLE_WAIT_S, holder=str(exc))
+        except InvalidLeaseInput as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        if got.outcome is Outcome.SUCCEEDED:
+            return TaskResult("recorded", key, result=got.result, token=got.token)
+        if got.outcome is Outcome.HELD:
+            return TaskResult("held", key, wait_s=_wait(got.expires_at), holder=_who(got.holder))
+        if got.outcome is Outcome.REFUSED:
+            raise ApplicationError(f"{key}: {got.detail}", type="LeaseRefused", non_retryable=True)
+        return self._run_held(inp, got.lease, sink)
+
+    def _run_held(self, inp: TaskInput, lease: Lease, sink: str | None) -> TaskResult:
+        spec = inp.task
+        fence = BridgeFence(
+            lease=lease,
+            business_date=inp.business_date,
+            sink=sink,
+            shadow=inp.mode is RunMode.SHADOW,
+        )
+        beat = _Heartbeat(spec.heartbeat_s, fence)
+        started = time.monotonic()
+        try:
+            with beat, LeaseKeeper(self.store, lease, on_lost=fence.stop) as keeper:
+                fence.advance_sink_fence()
+                if fence.shadow and not spec.side_effect_free:
+                    with no_egress(allowed_addresses(sink)):  # it must not reach the world
+                        result = self._call(inp, fence)
+                else:
+                    result = self._call(inp, fence)
+                keeper.check()
+                if fence.stop_raised:  # cancelled, shutting down or lost, and the stop swallowed
+                    raise FenceStopped(lease.key, lease.token, fence.stop_reason or "stopped")
+                # the work returned: recorded while the keeper renews and the heartbeat beats
+                _complete(self.store, lease, result)
+        except BaseException as exc:
+            _fail_quietly(self.store, lease, exc)
+            raise _as_application_error(exc) from exc
+        finally:
+            fence.close()
+        captured: dict[str, Any] = {}
+        if fence.shadow:
+            would_send = fence.would_send
+            captured = {
+                # the items it would have written: its rolled-back ledger rows and its calls
+                "items": sorted(fence.captured_items + [c["item"] for c in would_send]),
+                "rows": fence.captured_rows,
+                "calls": would_send,
+            }
+        return TaskResult(
+            "succeeded",
+            lease.key,
+            result=result,
+            token=lease.token,
+            duration_ms=round((time.monotonic() - started) * 1000),
+            captured=captured,
+        )
+
+    def _call(self, inp: TaskInput, fence: BridgeFence) -> Any:
+        spec = inp.task
+        if spec.kind is TaskKind.NOOP:
+            return None
+        if spec.kind is TaskKind.EXECUTE:
+            return self._execute(inp)
+        fn = self.catalog.resolve(inp.dag_id, spec)
+        args = substitute(list(spec.args), inp.upstream)
+        kwargs = substitute(dict(spec.kwargs), inp.upstream)
+        if spec.map_over is not None:
+            kwargs[spec.map_arg] = inp.map_value
+        if not spec.fenced:
+            return fn(*args, **kwargs)
+        # as the Airflow operator calls it: the fence first when it is the first parameter
+        params = list(inspect.signature(fn).parameters.values())
+        if params and params[0].name == "fence" and params[0].kind in _POSITIONAL:
+            return fn(fence, *args, **kwargs)
+        return fn(*args, fence=fence, **kwargs)
+
+    def _execute(self, inp: TaskInput) -> Any:
+        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder."""
+        from airflow_plugins.protection.task_identity import dag_period, dag_timezone
+
+        info = activity.info()
+        task = self.catalog.operator(inp.dag_id, inp.task.task_id)
+        run, ds = business_run(
+            inp.dag_id,
+            info.workflow_id or "",
+            inp.business_date,
+            period=dag_period(task.dag).value,
+            timezone=dag_timezone(task.dag),
+        )
+        # the workflow passes the results of the upstream tasks the spec's XCom markers name
+        context = template_context(
+            task, run=run, try_number=info.attempt, upstream=inp.upstream, ds=ds
+        )
+        return run_operator(task, context)
+
+    @activity.defn(name="bridge.compare_run")
+    def compare_run(self, inp: CompareInput) -> Comparison:
+        """Compares a finished shadow run with the primary's (pending while the primary runs)."""
+        try:
+            return compare_run(self.store, inp)
+        except LeaseStoreUnavailable as exc:
+            raise ApplicationError(str(exc), type="LeaseStoreUnavailable") from exc
+
+    @activity.defn(name="bridge.finish_run")
+    def finish_run(self, result: DagRunResult) -> None:
+        """Records a finished primary run: the run key's lease (so a late handover finds it
+        done without starting anything), its audit row, and its side of the comparison."""
+        info = activity.info()
+        key = str(run_key(result.dag_id, result.business_date))
+        holder = Holder.temporal(
+            workflow_id=info.workflow_id or "",
+            workflow_run_id=info.workflow_run_id or "",
+            activity_id=info.activity_id,
+            attempt=info.attempt,
+        )
+        summary = {t: o.status for t, o in result.tasks.items()}
+        if result.status == "success":
+            got = self.store.acquire(key, holder, business_date=first_day(result.business_date))
+            if got.granted:
+                self.store.complete(got.lease, {"status": result.status, "tasks": summary})
+        else:
+            self.store.record_event(
+                key,
+                "temporal_run_failed",
+                outcome="failed",
+                holder=holder,
+                business_date=first_day(result.business_date),
+                output=summary,
+                duration_ms=result.duration_ms,
+            )
+        record_primary(self.store, result)
+
+    @activity.defn(name="bridge.fixed_mode")
+    def fixed_mode(self, inp: FixedModeInput) -> str:
+        """The cutover mode fixed for one run (the first caller fixes it)."""
+        return self.modes.fix_for_run(inp.dag_id, inp.run_id).value
+
+    def all(self) -> list[Any]:
+        """Every activity of this object, for a Worker."""
+        return [self.run_task, self.compare_run, self.finish_run, self.fixed_mode]
+
+
+class _Heartbeat:
+    """Heartbeats the activity from a thread while the task's code runs; on cancellation
+    (the workflow, the server or a user cancelled it) it stops the fence so the work halts."""
+
+    def __init__(self, timeout_s: float, fence: BridgeFence) -> None:
+        self._every = max(0.2, timeout_s / 3)
+        self._fence = fence
+        self._done = threading.Event()
+        ctx = contextvars.copy_context()
+        self._thread = threading.Thread(target=ctx.run, args=(self._run,), daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            try:
+                activity.heartbeat()
+            except Exception:  # a heartbeat that cannot be sent is not the work's failure
+                pass
+            if activity.is_cancelled():
+                self._fence.stop("the activity was cancelled")
+            elif activity.is_worker_shutdown():
+                self._fence.stop("the worker is shutting down")
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+
+def _wait(expires_at: datetime | None) -> float:
+    if expires_at is None:
+        return 1.0
+    remaining = (expires_at - datetime.now(UTC)).total_seconds()
+    return min(MAX_WAIT_S, max(0.5, remaining + 0.2))
+
+
+def _who(holder: Holder | None) -> str | None:
+    return holder.describe() if holder else None
+
+
+def _complete(store: LeaseStore, lease: Lease, result: Any) -> None:
+    """Records a returned work's result, retrying a store that does not answer (with backoff,
+    up to ``COMPLETE_TIMEOUT_S``): an attempt that fails here would have its work run again."""
+    give_up = time.monotonic() + COMPLETE_TIMEOUT_S
+    delay = 0.1
+    while True:
+        try:
+            store.complete(lease, result)
+            return
+        except InvalidLeaseInput as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+        except LeaseStoreUnavailable as exc:
+            if time.monotonic() + delay > give_up:
+                raise
+            activity.logger.warning("completing %s: store away, retrying: %s", lease.key, exc)
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+
+def _fail_quietly(store: LeaseStore, lease: Lease, exc: BaseException) -> None:
+    try:
+        store.fail(lease, f"{type(exc).__name__}: {exc}")
+    except (LeaseLost, LeaseStoreUnavailable):
+        pass  # superseded already, or the lease expires on its own
+
+
+def _as_application_error(exc: BaseException) -> ApplicationError:
+    if isinstance(exc, ApplicationError):
+        return exc
+    if isinstance(exc, TaskCodeNotFound):
+        return ApplicationError(str(exc), type="TaskCodeNotFound", non_retryable=True)
+    if isinstance(exc, ShadowEgressRefused):  # a shadow reaching the world fails loudly, once
+        return ApplicationError(str(exc), type="ShadowEgressRefused", non_retryable=True)
+    if type(exc).__name__ in _FAIL_NOW:  # retrying cannot fix it (Airflow does not retry it)
+        return ApplicationError(str(exc), type="TaskFailedNoRetry", non_retryable=True)
+    if isinstance(exc, StaleToken | LeaseLost):
+        return ApplicationError(str(exc), type=type(exc).__name__)
+    return ApplicationError(str(exc), type=type(exc).__name__)

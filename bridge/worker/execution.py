@@ -1,0 +1,225 @@
+"""An Airflow operator's ``execute(context)``, run unchanged inside a bridge activity.
+
+The worker rebuilds the operator from its parsed DAG folder (a fresh copy per call: rendering
+mutates the operator), gives it the context such operators read, renders its templated fields
+with the task SDK's own ``render_template_fields``, and calls ``execute`` the way the task
+runner does (inside the ``ExecutorSafeguard`` tracker). Its return value is the task's output.
+
+What the context holds, and how it differs from Airflow's:
+- ``logical_date`` / ``data_interval_start`` are the start of the business period in the DAG's
+  timezone (UTC-converted), ``data_interval_end`` the start of the next one; ``ds`` is the
+  business period's first day, so ``{{ ds }}`` renders the business date, not a cron time.
+- ``run_id`` is the Temporal workflow id; ``dag_run.conf`` is ``{"business_date": ...}``.
+- ``ti.try_number`` is the activity attempt; ``ti.xcom_pull`` returns the upstream tasks'
+  return values from this workflow's own results. Other XCom keys do not cross tasks.
+- ``params`` are the DAG's and task's params, validated as Airflow validates them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+#: The spec kwarg holding ``{upstream_task_id: upstream marker}`` for an operator's XCom pulls.
+XCOM_ARGUMENT = "$xcom"
+RETURN_KEY = "return_value"
+_PERIOD_STEP: dict[str, dict[str, int]] = {
+    "minute": {"minutes": 1},
+    "hour": {"hours": 1},
+    "day": {"days": 1},
+    "week": {"weeks": 1},
+    "month": {"months": 1},
+    "quarter": {"months": 3},
+    "year": {"years": 1},
+}
+
+
+class XComNotCarried(LookupError):
+    """An operator asked for an XCom the bridge does not carry between tasks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerDagRun:
+    """The ``dag_run`` an operator sees in a worker: one business run of its DAG."""
+
+    dag_id: str
+    run_id: str
+    logical_date: datetime
+    data_interval_start: datetime
+    data_interval_end: datetime
+    conf: dict[str, Any]
+    run_type: str = "bridge"
+    partition_key: str | None = None
+
+    @property
+    def run_after(self) -> datetime:
+        """When the run was due (its logical date)."""
+        return self.logical_date
+
+
+class WorkerTaskInstance:
+    """The ``ti`` an operator sees in a worker.
+
+    Args:
+        task: the rebuilt operator.
+        run_id: the run id (the workflow id).
+        try_number: the activity attempt.
+        upstream: the return values of the task's upstream tasks, by task id.
+    """
+
+    def __init__(
+        self, task: Any, run_id: str, try_number: int, upstream: Mapping[str, Any]
+    ) -> None:
+        self.task = task
+        self.dag_id: str = task.dag_id
+        self.task_id: str = task.task_id
+        self.run_id = run_id
+        self.try_number = try_number
+        self.map_index = -1
+        self.pushed: dict[str, Any] = {}
+        self._upstream = dict(upstream)
+        # read by XComArg.resolve: nothing upstream is mapped, pull unmapped values
+        self._upstream_map_indexes: dict[str, Any] = {}
+
+    def xcom_pull(
+        self,
+        task_ids: str | Iterable[str] | None = None,
+        dag_id: str | None = None,
+        key: str = RETURN_KEY,
+        include_prior_dates: bool = False,
+        *,
+        map_indexes: Any = None,
+        default: Any = None,
+        run_id: str | None = None,
+    ) -> Any:
+        """An upstream task's return value (a list of them for several task ids).
+
+        Raises:
+            XComNotCarried: another DAG or run, or a key other than the return value of a task
+                other than this one.
+        """
+        if (dag_id not in (None, self.dag_id)) or (run_id not in (None, self.run_id)):
+            raise XComNotCarried("the bridge carries XComs within one run of one DAG only")
+        if task_ids is None or isinstance(task_ids, str):
+            return self._one(task_ids or self.task_id, key, default)
+        return [self._one(t, key, default) for t in task_ids]
+
+    def _one(self, task_id: str, key: str, default: Any) -> Any:
+        if task_id == self.task_id:
+            return self.pushed.get(key, default)
+        if key != RETURN_KEY:
+            raise XComNotCarried(
+                f"{self.task_id} pulls XCom key {key!r} of {task_id}: the bridge carries only "
+                "return values between tasks"
+            )
+        return self._upstream.get(task_id, default)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        """Keeps an XCom for this task only (only the return value reaches other tasks)."""
+        self.pushed[key] = value
+
+
+def business_run(
+    dag_id: str, run_id: str, business_date: str, *, period: str, timezone: str
+) -> tuple[WorkerDagRun, str]:
+    """The run an operator sees for a business date, and its ``ds`` (the period's first day).
+
+    Raises:
+        ValueError: a business date that does not fit the period.
+    """
+    import pendulum
+
+    from airflow_plugins.lease.keys import first_day
+
+    day = first_day(business_date)
+    hour, minute = 0, 0
+    if "T" in business_date:
+        clock = business_date.split("T", 1)[1].split(":")
+        hour, minute = int(clock[0]), int(clock[1]) if len(clock) > 1 else 0
+    start = pendulum.datetime(day.year, day.month, day.day, hour, minute, tz=timezone)
+    step = _PERIOD_STEP[period]
+    end = start.add(**step)
+    run = WorkerDagRun(
+        dag_id=dag_id,
+        run_id=run_id,
+        logical_date=start.in_tz("UTC"),
+        data_interval_start=start.in_tz("UTC"),
+        data_interval_end=end.in_tz("UTC"),
+        conf={"business_date": business_date},
+    )
+    return run, day.isoformat()
+
+
+def template_context(
+    task: Any,
+    *,
+    run: WorkerDagRun,
+    try_number: int,
+    upstream: Mapping[str, Any],
+    ds: str,
+) -> dict[str, Any]:
+    """The context an operator's templates and ``execute`` read (see the module doc)."""
+    from airflow.sdk.definitions.param import process_params
+    from airflow.sdk.execution_time.context import (
+        ConnectionAccessor,
+        InletEventsAccessors,
+        MacrosAccessor,
+        OutletEventAccessors,
+        VariableAccessor,
+    )
+
+    ti = WorkerTaskInstance(task, run.run_id, try_number, upstream)
+    logical = run.logical_date
+    ts = logical.isoformat()
+    return {
+        "dag": task.dag,
+        "task": task,
+        "ti": ti,
+        "task_instance": ti,
+        "run_id": run.run_id,
+        "dag_run": run,
+        "params": process_params(task.dag, task, run.conf, suppress_exception=False),
+        "logical_date": logical,
+        "ds": ds,
+        "ds_nodash": ds.replace("-", ""),
+        "ts": ts,
+        "ts_nodash": logical.strftime("%Y%m%dT%H%M%S"),
+        "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
+        "data_interval_start": run.data_interval_start,
+        "data_interval_end": run.data_interval_end,
+        "task_instance_key_str": f"{task.dag_id}__{task.task_id}__{ds.replace('-', '')}",
+        "inlets": task.inlets,
+        "outlets": task.outlets,
+        "outlet_events": OutletEventAccessors(),
+        "inlet_events": InletEventsAccessors(task.inlets),
+        "macros": MacrosAccessor(),
+        "var": {
+            "json": VariableAccessor(deserialize_json=True),
+            "value": VariableAccessor(deserialize_json=False),
+        },
+        "conn": ConnectionAccessor(),
+        "map_index_template": task.map_index_template,
+        "triggering_asset_events": {},
+    }
+
+
+def run_operator(task: Any, context: dict[str, Any]) -> Any:
+    """Renders the operator's templated fields and runs its ``execute`` as the task runner does.
+
+    Returns:
+        What ``execute`` returned (the task's XCom return value).
+    """
+    from airflow.sdk.bases.operator import ExecutorSafeguard
+
+    task.render_template_fields(context)
+    calls = contextvars.copy_context()
+    calls.run(ExecutorSafeguard.tracker.set, task)
+    task.pre_execute(context)
+    # the class's own execute: a cluster policy may have wrapped the instance's with a lease,
+    # and the activity already holds this task's lease
+    result = calls.run(type(task).execute, task, context)
+    task.post_execute(context, result)
+    return result

@@ -1,0 +1,329 @@
+"""The DAG-run workflow: a DAG's task graph as Temporal activities, and the workflows around it.
+
+Deterministic: the graph comes in as data (``DagRunInput``), tasks start when their upstreams
+have succeeded (parallel branches run at once), waits are durable timers. Large fan-outs go to
+child workflows of at most ``chunk_size`` items so no history nears Temporal's event limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, WorkflowIDReusePolicy
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+)
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from airflow_plugins.lease import InvalidLeaseInput
+    from bridge.comparison import CompareInput
+    from bridge.graph import graph_problems, referenced, shadow_refusals, topological
+    from bridge.identity import map_items, tick_business_date, workflow_id
+    from bridge.spec import (
+        DagRunInput,
+        DagRunResult,
+        MappedChunkInput,
+        MappedChunkResult,
+        RunMode,
+        ScheduledRunInput,
+        TaskInput,
+        TaskOutcome,
+        TaskResult,
+        TaskSpec,
+    )
+    from bridge.worker.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
+
+PARALLEL_ITEMS = 50
+SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+
+
+def _options(task: TaskSpec) -> dict[str, Any]:
+    retry = task.retry
+    return {
+        "start_to_close_timeout": timedelta(seconds=task.timeout_s),
+        "heartbeat_timeout": timedelta(seconds=task.heartbeat_s),
+        "retry_policy": RetryPolicy(
+            initial_interval=timedelta(seconds=retry.initial_interval_s),
+            backoff_coefficient=retry.backoff_coefficient,
+            maximum_interval=timedelta(seconds=retry.maximum_interval_s),
+            maximum_attempts=retry.maximum_attempts,
+            non_retryable_error_types=list(NON_RETRYABLE),
+        ),
+    }
+
+
+async def run_activity(inp: TaskInput) -> TaskResult:
+    """Runs one task's activity; while another live holder has its lease, waits on a timer.
+
+    A held lease is not an error: the activity returns at once, the workflow sleeps (no worker
+    slot, no attempt used) until about when the lease would expire, and asks again.
+    """
+    while True:
+        result = await workflow.execute_activity_method(
+            BridgeActivities.run_task, inp, **_options(inp.task)
+        )
+        if result.status not in ("held", "unavailable"):
+            return result
+        await workflow.sleep(timedelta(seconds=result.wait_s))
+
+
+def _reraise_cancellation(exc: BaseException) -> None:
+    """A cancelled run (a user's clear or mark-failed) ends cancelled, not failed."""
+    if isinstance(exc, ActivityError | ChildWorkflowError) and isinstance(
+        exc.cause, CancelledError
+    ):
+        raise asyncio.CancelledError(str(exc.cause)) from exc
+
+
+def _error(exc: BaseException) -> str:
+    cause: BaseException | None = exc
+    while isinstance(cause, ActivityError | ChildWorkflowError) and cause.cause is not None:
+        cause = cause.cause
+    return str(cause or exc)
+
+
+async def _run_items(
+    template: TaskInput, items: tuple[tuple[str, Any], ...], parallel: int
+) -> list[TaskResult | BaseException]:
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(map_key: str, value: Any) -> TaskResult:
+        async with gate:
+            return await run_activity(
+                TaskInput(
+                    dag_id=template.dag_id,
+                    business_date=template.business_date,
+                    task=template.task,
+                    mode=template.mode,
+                    upstream=template.upstream,
+                    map_key=map_key,
+                    map_value=value,
+                )
+            )
+
+    got = await asyncio.gather(*(one(k, v) for k, v in items), return_exceptions=True)
+    for result in got:
+        if isinstance(result, asyncio.CancelledError):
+            raise result
+        if isinstance(result, BaseException):
+            _reraise_cancellation(result)
+    return got
+
+
+@workflow.defn(name="bridge.MappedChunk")
+class MappedChunkWorkflow:
+    """One chunk of a large fan-out: its items' activities, a bounded number at a time."""
+
+    @workflow.run
+    async def run(self, inp: MappedChunkInput) -> MappedChunkResult:
+        """Runs the chunk's items; returns a result or an error text per item."""
+        got = await _run_items(inp.template, inp.items, inp.concurrency)
+        return MappedChunkResult(
+            results=tuple(r if isinstance(r, TaskResult) else None for r in got),
+            errors=tuple(_error(r) if isinstance(r, BaseException) else None for r in got),
+        )
+
+
+@workflow.defn(name="bridge.DagRun")
+class DagRunWorkflow:
+    """One business run of a DAG: its graph as activities, under the same leases as Airflow."""
+
+    @workflow.run
+    async def run(self, inp: DagRunInput) -> DagRunResult:
+        """Runs the graph; fails with the failed tasks' errors (after recording the run)."""
+        problems = graph_problems(inp.spec)
+        if inp.mode is RunMode.SHADOW:
+            problems += shadow_refusals(inp.spec)
+        if problems:
+            raise ApplicationError(
+                "refused before anything ran: " + "; ".join(problems),
+                type="Untranslatable",
+                non_retryable=True,
+            )
+        started = workflow.now()
+        running: dict[str, asyncio.Task[TaskOutcome]] = {}
+        for task in topological(inp.spec):
+            ups = [running[u] for u in task.upstream]
+            running[task.task_id] = asyncio.create_task(self._task(inp, task, ups))
+        outcomes = {task_id: await job for task_id, job in running.items()}
+        status = "success" if all(o.status == "succeeded" for o in outcomes.values()) else "failed"
+        result = DagRunResult(
+            dag_id=inp.spec.dag_id,
+            business_date=inp.business_date,
+            mode=inp.mode,
+            status=status,
+            tasks=outcomes,
+            duration_ms=round((workflow.now() - started).total_seconds() * 1000),
+        )
+        await self._record(inp, result)
+        if status != "success":
+            failed = "; ".join(f"{t}: {o.error}" for t, o in outcomes.items() if o.error)
+            raise ApplicationError(
+                f"{inp.spec.dag_id} {inp.business_date} failed: {failed}",
+                type="DagRunFailed",
+                non_retryable=True,
+            )
+        return result
+
+    async def _record(self, inp: DagRunInput, result: DagRunResult) -> None:
+        short = timedelta(minutes=2)
+        if inp.mode is RunMode.PRIMARY:
+            await workflow.execute_activity_method(
+                BridgeActivities.finish_run, result, start_to_close_timeout=short
+            )
+            return
+        waited = 0.0
+        while True:
+            final = waited >= inp.compare_wait_s
+            verdict = await workflow.execute_activity_method(
+                BridgeActivities.compare_run,
+                CompareInput(inp.spec, result, final),
+                start_to_close_timeout=short,
+            )
+            if not verdict.pending:
+                return
+            await workflow.sleep(timedelta(seconds=inp.compare_poll_s))
+            waited += inp.compare_poll_s
+
+    async def _task(
+        self, inp: DagRunInput, task: TaskSpec, upstream: list[asyncio.Task[TaskOutcome]]
+    ) -> TaskOutcome:
+        ups = [await job for job in upstream]
+        if any(u.status != "succeeded" for u in ups):
+            return TaskOutcome("upstream_failed")
+        results = {u_id: u.result for u_id, u in zip(task.upstream, ups, strict=True)}
+        template = TaskInput(
+            dag_id=inp.spec.dag_id,
+            business_date=inp.business_date,
+            task=task,
+            mode=inp.mode,
+            upstream={k: v for k, v in results.items() if k in referenced(task)},
+            map_key=inp.map_key,
+        )
+        if task.map_over is not None:
+            return await self._mapped(inp, template, results[task.map_over])
+        try:
+            done = await run_activity(template)
+        except ActivityError as exc:
+            _reraise_cancellation(exc)
+            return TaskOutcome("failed", error=_error(exc))
+        return TaskOutcome(
+            "succeeded", done.result, None, done.duration_ms, (done.key,), done.captured
+        )
+
+    async def _mapped(self, inp: DagRunInput, template: TaskInput, values: Any) -> TaskOutcome:
+        task = template.task
+        if not isinstance(values, list):
+            return TaskOutcome("failed", error=f"{task.map_over} did not return a list to map")
+        try:
+            items = map_items(values, task.map_key_field)
+        except InvalidLeaseInput as exc:
+            return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
+        if len(items) <= inp.fanout_threshold:
+            got = await _run_items(template, items, PARALLEL_ITEMS)
+            results = [r if isinstance(r, TaskResult) else None for r in got]
+            errors = [_error(r) if isinstance(r, BaseException) else None for r in got]
+        else:
+            results, errors = await self._chunks(template, items, max(1, inp.chunk_size))
+        return _merge(items, results, errors)
+
+    async def _chunks(
+        self, template: TaskInput, items: tuple[tuple[str, Any], ...], size: int
+    ) -> tuple[list[TaskResult | None], list[str | None]]:
+        parent = workflow.info().workflow_id
+        jobs = [
+            workflow.execute_child_workflow(
+                MappedChunkWorkflow.run,
+                MappedChunkInput(template, items[i : i + size], PARALLEL_ITEMS),
+                id=f"{parent}/{template.task.task_id}/{i // size}",
+            )
+            for i in range(0, len(items), size)
+        ]
+        results: list[TaskResult | None] = []
+        errors: list[str | None] = []
+        for n, got in enumerate(await asyncio.gather(*jobs, return_exceptions=True)):
+            if isinstance(got, asyncio.CancelledError):
+                raise got
+            if isinstance(got, BaseException):
+                _reraise_cancellation(got)
+            count = len(items[n * size : (n + 1) * size])
+            if isinstance(got, BaseException):
+                results += [None] * count
+                errors += [_error(got)] * count
+            else:
+                results += list(got.results)
+                errors += list(got.errors)
+        return results, errors
+
+
+def _merge(
+    items: tuple[tuple[str, Any], ...],
+    results: list[TaskResult | None],
+    errors: list[str | None],
+) -> TaskOutcome:
+    values: dict[str, Any] = {}
+    keys: list[str] = []
+    captured_items: list[str] = []
+    captured_rows: dict[str, list[Any]] = {}
+    duration = 0
+    for (map_key, _), done in zip(items, results, strict=True):
+        if done is None:
+            continue
+        values[map_key] = done.result
+        keys.append(done.key)
+        duration += done.duration_ms
+        captured_items += [f"{map_key}/{i}" for i in done.captured.get("items", [])]
+        for table, rows in done.captured.get("rows", {}).items():
+            captured_rows.setdefault(table, []).extend(rows)
+    failed = [f"{k}: {e}" for (k, _), e in zip(items, errors, strict=True) if e is not None]
+    captured: dict[str, Any] = {}
+    if captured_items or captured_rows:
+        captured = {"items": captured_items, "rows": captured_rows}
+    if failed:
+        return TaskOutcome("failed", values, "; ".join(failed[:10]), duration, tuple(keys))
+    return TaskOutcome("succeeded", values, None, duration, tuple(keys), captured)
+
+
+@workflow.defn(name="bridge.ScheduledDag")
+class ScheduledDagWorkflow:
+    """What a Temporal Schedule starts in ``temporal-scheduled`` mode.
+
+    It derives the business date from the schedule's nominal time, checks that the DAG is still
+    in ``temporal-scheduled`` (a rollback stops scheduled runs at once), and starts the DAG-run
+    workflow as a child with the key-derived id, so a handover of the same run cannot start a
+    second execution.
+    """
+
+    @workflow.run
+    async def run(self, inp: ScheduledRunInput) -> str:
+        """Starts (or finds) the business run of this schedule tick; returns what it did."""
+        spec = inp.spec
+        nominal = workflow.info().typed_search_attributes.get(SCHEDULED_START) or workflow.now()
+        business_date = tick_business_date(spec, nominal)
+        mode = await workflow.execute_activity_method(
+            BridgeActivities.fixed_mode,
+            FixedModeInput(spec.dag_id, f"scheduled__{business_date}"),
+            start_to_close_timeout=timedelta(minutes=1),
+        )
+        if mode != "temporal-scheduled":
+            return f"skipped {business_date}: {spec.dag_id} is in mode {mode}"
+        try:
+            await workflow.start_child_workflow(
+                DagRunWorkflow.run,
+                DagRunInput(spec, business_date, RunMode.PRIMARY, source="temporal-schedule"),
+                id=workflow_id(spec.dag_id, business_date),
+                task_queue=inp.task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            )
+        except WorkflowAlreadyStartedError:
+            return f"{business_date}: already started by a handover; not started twice"
+        return f"started {business_date}"

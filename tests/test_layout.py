@@ -1,0 +1,123 @@
+"""The layout's promises: the core loads neither engine, a task process never loads Temporal,
+and every import path from before the move still names the same module."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+import airflow_plugins  # noqa: F401  (installs the old import paths)
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The top-level packages a fresh interpreter has loaded after running ``code``."""
+    report = "import json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    probe = f"{code}\n{report}"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_the_core_imports_neither_airflow_nor_temporal() -> None:
+    loaded = _loaded_after(
+        "import importlib, pkgutil, airflow_plugins.lease as core\n"
+        "for m in pkgutil.walk_packages(core.__path__, 'airflow_plugins.lease.'):\n"
+        "    importlib.import_module(m.name)"
+    )
+    assert "airflow_plugins" in loaded
+    assert not loaded & {"airflow", "temporalio"}
+
+
+def test_what_a_task_process_loads_leaves_temporal_out() -> None:
+    loaded = _loaded_after(
+        "import importlib, pkgutil, airflow_plugins.protection as p, bridge.in_airflow as b\n"
+        "for pkg, prefix in ((p, 'airflow_plugins.protection.'), (b, 'bridge.in_airflow.')):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, prefix):\n"
+        "        importlib.import_module(m.name)\n"
+        "import bridge, bridge.cutover, bridge.comparison, bridge.identity, bridge.graph\n"
+        "import airflow_plugins.views, airflow_plugins.watcher"
+    )
+    assert "airflow" in loaded  # the probe did load the Airflow side
+    assert "temporalio" not in loaded
+
+
+OLD_PATHS = {
+    "airflow_plugins.config": "airflow_plugins.protection.config",
+    "airflow_plugins.decorators": "airflow_plugins.protection.decorators",
+    "airflow_plugins.early_acquire": "airflow_plugins.protection.early_acquire",
+    "airflow_plugins.embedded_postgres": "airflow_plugins.demo.embedded_postgres",
+    "airflow_plugins.fence_context": "airflow_plugins.lease.fence",
+    "airflow_plugins.keys": "airflow_plugins.lease.keys",
+    "airflow_plugins.lease_store_hook": "airflow_plugins.protection.lease_store_hook",
+    "airflow_plugins.listener": "airflow_plugins.protection.listener",
+    "airflow_plugins.operators": "airflow_plugins.protection.operators",
+    "airflow_plugins.plugin": "airflow_plugins.protection.plugin",
+    "airflow_plugins.policy": "airflow_plugins.protection.policy",
+    "airflow_plugins.prewarm": "airflow_plugins.protection.connection_warmup",
+    "airflow_plugins.protected_try": "airflow_plugins.protection.protected_try",
+    "airflow_plugins.recorded_result": "airflow_plugins.protection.recorded_result",
+    "airflow_plugins.routing": "airflow_plugins.protection.routing",
+    "airflow_plugins.sla": "airflow_plugins.protection.sla",
+    "airflow_plugins.task_key": "airflow_plugins.protection.task_identity",
+    "airflow_plugins.triggers": "airflow_plugins.protection.triggers",
+    "bridge.activities": "bridge.worker.activities",
+    "bridge.catalog": "bridge.worker.catalog",
+    "bridge.client": "bridge.temporal.client",
+    "bridge.codec": "bridge.temporal.codec",
+    "bridge.egress": "bridge.worker.egress",
+    "bridge.execution": "bridge.worker.execution",
+    "bridge.fencing": "bridge.worker.activity_fence",
+    "bridge.handoff": "bridge.in_airflow.handoff",
+    "bridge.handover": "bridge.temporal.handover",
+    "bridge.operator": "bridge.in_airflow.operator",
+    "bridge.routing": "bridge.in_airflow.router",
+    "bridge.schedule": "bridge.temporal.schedule",
+    "bridge.translate": "bridge.in_airflow.translate",
+    "bridge.triggers": "bridge.in_airflow.workflow_trigger",
+    "bridge.workflows": "bridge.worker.workflows",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(OLD_PATHS.items()))
+def test_an_old_import_path_is_the_module_at_its_new_home(old: str, new: str) -> None:
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+@pytest.mark.parametrize(
+    ("stored", "new"),
+    [
+        (
+            "airflow_plugins.triggers.LeaseReleasedTrigger",
+            "airflow_plugins.protection.triggers.LeaseReleasedTrigger",
+        ),
+        (
+            "airflow_plugins.triggers.LeaseStoreReachableTrigger",
+            "airflow_plugins.protection.triggers.LeaseStoreReachableTrigger",
+        ),
+        ("bridge.triggers.WorkflowTrigger", "bridge.in_airflow.workflow_trigger.WorkflowTrigger"),
+        ("bridge.routing:BridgeRouter", "bridge.in_airflow.router:BridgeRouter"),
+    ],
+)
+def test_a_stored_classpath_from_before_the_move_still_loads(stored: str, new: str) -> None:
+    from airflow.sdk._shared.module_loading import import_string
+
+    def load(path: str) -> object:
+        return import_string(path.replace(":", "."))
+
+    assert load(stored) is load(new)
+
+
+def test_the_dag_file_imports_the_docs_teach_work_from_a_fresh_interpreter() -> None:
+    code = (
+        "from airflow_plugins.operators import ExactlyOnceOperator\n"
+        "from airflow_plugins.decorators import exactly_once_task\n"
+        "from airflow_plugins.fence_context import Fence, FenceStopped\n"
+        "from airflow_plugins.protection.operators import ExactlyOnceOperator as New\n"
+        "assert ExactlyOnceOperator is New"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
