@@ -32,11 +32,12 @@ results; to re-do the effects, approve each date's keys first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from airflow_plugins.lease import (
@@ -51,6 +52,7 @@ from airflow_plugins.lease import (
     connect_sink,
 )
 from airflow_plugins.lease.fence import Fence, SinkConnect
+from airflow_plugins.lease.run import PartialResult, ResultNotRecorded, run_under_lease
 from airflow_plugins.protection import (
     config,
     connection_warmup,
@@ -310,7 +312,6 @@ def run_granted(
     body: Callable[[Fence], Any],
 ) -> Any:
     """Runs the body under a granted lease and finishes the lease with its outcome."""
-    global _active
     lease = got.lease
     if got.outcome is Outcome.TAKEN_OVER:
         log.warning(
@@ -327,132 +328,43 @@ def run_granted(
         lease=lease,
         sink_connect=_sink_connect(protection.sink_conn_id),
     )
-    on_lost = protection.on_lost
-    returned = threading.Event()
 
-    def lost(reason: str) -> None:
-        if returned.is_set():
-            # the work is done: recording it is all that is left (the completion retries);
-            # stopping or self-fencing now would only make the next try run it again
-            log.error("exactly-once: %s: lease in doubt while completing: %s", lease.key, reason)
-            return
-        fence.stop(f"lease lost: {reason}")
-        if on_lost is not None:
-            on_lost(fence, reason)
-
-    keeper = LeaseKeeper(
-        store,
-        lease,
-        interval=min(protection.heartbeat or config.heartbeat(), lease.ttl / 2),
-        on_lost=lost,
-    )
-    try:
-        fence.advance_sink_fence()
-        keeper.start()
+    @contextlib.contextmanager
+    def registered(keeper: LeaseKeeper) -> Iterator[None]:
+        global _active
         with _active_lock:
             _active = _ActiveTry(fence, keeper, store, lease)
-        result = body(fence)
-        # from here on the work is done: the keeper renews on while the completion is recorded
-        returned.set()
-    except BaseException as exc:
-        keeper.stop()
-        if fence.stopped:
-            pass  # released by on_kill, or lost to another holder: nothing of ours to end
-        elif type(exc).__name__ == "AirflowSkipException":
-            _release_lease(store, lease, "the task skipped itself: the work was not done")
-        else:
-            _fail_lease(store, lease, exc)
-        raise
-    finally:
-        with _active_lock:
-            _active = None
-        fence.close()
-    try:
-        if fence.stop_raised:
-            # the body was stopped inside its work and returned anyway (it caught
-            # FenceStopped): its result is partial; the next holder finishes from the ledger
-            reason = fence.stop_reason or "told to stop"
-            _release_lease(store, lease, f"the fence was stopped while the work ran: {reason}")
-            raise _retryable(
-                f"exactly-once: {lease.key}: the work was stopped ({reason}) and returned a "
-                "partial result; not recording it: the next try finishes the work"
-            )
-        _complete(store, lease, result)
-    finally:
-        keeper.stop()
-    return result
-
-
-def _complete(store: LeaseStore, lease: Lease, result: Any) -> None:
-    """Records the returned work's result; durable once the work returned.
-
-    A store that does not answer (a blip, a failover) is retried with backoff while the keeper
-    renews the lease, up to ``[exactly_once] complete_timeout``: the try ends with the
-    completion recorded, not failed, so no later try runs the work again for want of a record.
-    A result JSON cannot hold is encoded with Airflow's serialization (``recorded_result``).
-
-    Raises:
-        AirflowFailException: the result cannot be recorded at all (not serializable, too big).
-        AirflowException: the store stayed away past the timeout, or the lease was lost (loud:
-            the next holder takes over, and a fenced sink skips what this try did).
-    """
-    try:
-        value = recorded_result.encode(result)
-    except TypeError as exc:
-        invalid = InvalidLeaseInput(str(exc))
-        _fail_lease(store, lease, invalid)
-        raise _fail_task(
-            f"exactly-once: {lease.key}: the result cannot be recorded ({exc}); return a value "
-            "XCom can serialize (the lease hands it to every later run of this business date)"
-        ) from exc
-    give_up = time.monotonic() + config.complete_timeout()
-    delay = 0.1
-    while True:
         try:
-            store.complete(lease, value)
-            return
-        except InvalidLeaseInput as exc:
-            _fail_lease(store, lease, exc)
-            raise _fail_task(
-                f"exactly-once: {lease.key}: the result cannot be recorded ({exc}); return a "
-                "small value (the lease hands it to every later run of this business date)"
-            ) from exc
-        except LeaseLost as exc:
-            log.error(
-                "exactly-once: %s: the work returned but its lease is gone: %s", lease.key, exc
-            )
-            raise _retryable(
-                f"exactly-once: {lease.key}: the work returned but could not be recorded: {exc}"
-            ) from exc
-        except LeaseStoreUnavailable as exc:
-            if time.monotonic() + delay > give_up:
-                log.error("exactly-once: %s: completion not recorded: %s", lease.key, exc)
-                raise _retryable(
-                    f"exactly-once: {lease.key}: the work returned but the lease store stayed "
-                    f"away for [exactly_once] complete_timeout: {exc}"
-                ) from exc
-            log.warning(
-                "exactly-once: %s: lease store away while completing, retrying in %.1f s: %s",
-                lease.key,
-                delay,
-                exc,
-            )
-            time.sleep(delay)
-            delay = min(2.0, delay * 2)
+            yield
+        finally:
+            with _active_lock:
+                _active = None
 
+    def skipped(exc: BaseException) -> str | None:
+        if type(exc).__name__ == "AirflowSkipException":
+            return "the task skipped itself: the work was not done"
+        return None
 
-def _release_lease(store: LeaseStore, lease: Lease, reason: str) -> None:
     try:
-        store.release(lease, reason)
-    except (LeaseLost, LeaseStoreUnavailable) as err:
-        log.warning("exactly-once: could not release %s: %s", lease.key, err)
-
-
-def _fail_lease(store: LeaseStore, lease: Lease, exc: BaseException) -> None:
-    try:
-        store.fail(lease, f"{type(exc).__name__}: {exc}")
-    except (LeaseLost, LeaseStoreUnavailable) as err:
-        log.warning("exactly-once: could not fail %s: %s", lease.key, err)
+        return run_under_lease(
+            store,
+            fence,
+            body,
+            interval=min(protection.heartbeat or config.heartbeat(), lease.ttl / 2),
+            complete_timeout=config.complete_timeout(),
+            encode=recorded_result.encode,
+            releases=skipped,
+            on_lost=protection.on_lost,
+            while_running=registered,
+        )
+    except PartialResult as exc:
+        raise _retryable(
+            f"exactly-once: {lease.key}: the work was stopped ({fence.stop_reason}) and returned a "
+            "partial result; not recording it: the next try finishes the work"
+        ) from exc
+    except ResultNotRecorded as exc:
+        message = f"exactly-once: {exc}"
+        raise (_fail_task(message) if exc.final else _retryable(message)) from exc
 
 
 def resume_handover(

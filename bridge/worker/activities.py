@@ -8,11 +8,13 @@ durable timer and calls again, so waiting holds no worker slot and uses up no at
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import inspect
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,8 +32,9 @@ from airflow_plugins.lease import (
     Outcome,
     StaleToken,
 )
-from airflow_plugins.lease.fence import FenceStopped
+from airflow_plugins.lease.fence import Fence, FenceStopped
 from airflow_plugins.lease.keys import first_day
+from airflow_plugins.lease.run import ResultNotRecorded, run_under_lease
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
 from bridge.graph import substitute
@@ -127,26 +130,31 @@ class BridgeActivities:
             sink=sink,
             shadow=inp.mode is RunMode.SHADOW,
         )
-        beat = _Heartbeat(spec.heartbeat_s, fence)
+
+        def body(fence: Fence) -> Any:
+            assert isinstance(fence, BridgeFence)
+            if fence.shadow and not spec.side_effect_free:
+                with no_egress(allowed_addresses(sink)):  # it must not reach the world
+                    return self._call(inp, fence)
+            return self._call(inp, fence)
+
         started = time.monotonic()
         try:
-            with beat, LeaseKeeper(self.store, lease, on_lost=fence.stop) as keeper:
-                fence.advance_sink_fence()
-                if fence.shadow and not spec.side_effect_free:
-                    with no_egress(allowed_addresses(sink)):  # it must not reach the world
-                        result = self._call(inp, fence)
-                else:
-                    result = self._call(inp, fence)
-                keeper.check()
-                if fence.stop_raised:  # cancelled, shutting down or lost, and the stop swallowed
-                    raise FenceStopped(lease.key, lease.token, fence.stop_reason or "stopped")
-                # the work returned: recorded while the keeper renews and the heartbeat beats
-                _complete(self.store, lease, result)
+            # the heartbeat beats on while the result is recorded
+            with _Heartbeat(spec.heartbeat_s, fence) as beat:
+                result = run_under_lease(
+                    self.store,
+                    fence,
+                    body,
+                    complete_timeout=COMPLETE_TIMEOUT_S,
+                    while_running=beat.watching,
+                )
+        except ResultNotRecorded as exc:
+            if exc.final:
+                raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
+            raise ApplicationError(str(exc), type=type(exc.__cause__).__name__) from exc
         except BaseException as exc:
-            _fail_quietly(self.store, lease, exc)
             raise _as_application_error(exc) from exc
-        finally:
-            fence.close()
         captured: dict[str, Any] = {}
         if fence.shadow:
             would_send = fence.would_send
@@ -257,6 +265,7 @@ class _Heartbeat:
     def __init__(self, timeout_s: float, fence: BridgeFence) -> None:
         self._every = max(0.2, timeout_s / 3)
         self._fence = fence
+        self._keeper: LeaseKeeper | None = None
         self._done = threading.Event()
         ctx = contextvars.copy_context()
         self._thread = threading.Thread(target=ctx.run, args=(self._run,), daemon=True)
@@ -269,8 +278,23 @@ class _Heartbeat:
                 pass
             if activity.is_cancelled():
                 self._fence.stop("the activity was cancelled")
+                keeper = self._keeper
+                if keeper is not None and not keeper.lost:
+                    # Temporal gave this attempt up (a cancel, or a heartbeat timeout and a
+                    # retry elsewhere): stop renewing, so the retry takes over at expiry with
+                    # a higher token even if this body never checks its fence
+                    keeper.abandon("the activity was cancelled")
             elif activity.is_worker_shutdown():
                 self._fence.stop("the worker is shutting down")
+
+    @contextlib.contextmanager
+    def watching(self, keeper: LeaseKeeper) -> Iterator[None]:
+        """While the body runs: a cancelled attempt abandons the lease ``keeper`` renews."""
+        self._keeper = keeper
+        try:
+            yield
+        finally:
+            self._keeper = None
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()
@@ -292,32 +316,6 @@ def _who(holder: Holder | None) -> str | None:
     return holder.describe() if holder else None
 
 
-def _complete(store: LeaseStore, lease: Lease, result: Any) -> None:
-    """Records a returned work's result, retrying a store that does not answer (with backoff,
-    up to ``COMPLETE_TIMEOUT_S``): an attempt that fails here would have its work run again."""
-    give_up = time.monotonic() + COMPLETE_TIMEOUT_S
-    delay = 0.1
-    while True:
-        try:
-            store.complete(lease, result)
-            return
-        except InvalidLeaseInput as exc:
-            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
-        except LeaseStoreUnavailable as exc:
-            if time.monotonic() + delay > give_up:
-                raise
-            activity.logger.warning("completing %s: store away, retrying: %s", lease.key, exc)
-            time.sleep(delay)
-            delay = min(2.0, delay * 2)
-
-
-def _fail_quietly(store: LeaseStore, lease: Lease, exc: BaseException) -> None:
-    try:
-        store.fail(lease, f"{type(exc).__name__}: {exc}")
-    except (LeaseLost, LeaseStoreUnavailable):
-        pass  # superseded already, or the lease expires on its own
-
-
 def _as_application_error(exc: BaseException) -> ApplicationError:
     if isinstance(exc, ApplicationError):
         return exc
@@ -327,6 +325,8 @@ def _as_application_error(exc: BaseException) -> ApplicationError:
         return ApplicationError(str(exc), type="ShadowEgressRefused", non_retryable=True)
     if type(exc).__name__ in _FAIL_NOW:  # retrying cannot fix it (Airflow does not retry it)
         return ApplicationError(str(exc), type="TaskFailedNoRetry", non_retryable=True)
+    if isinstance(exc, FenceStopped):  # stopped, also when it returned a partial result
+        return ApplicationError(str(exc), type="FenceStopped")
     if isinstance(exc, StaleToken | LeaseLost):
         return ApplicationError(str(exc), type=type(exc).__name__)
     return ApplicationError(str(exc), type=type(exc).__name__)

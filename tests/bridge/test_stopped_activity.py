@@ -1,5 +1,6 @@
 """A bridge activity told to stop (cancelled, worker shutting down) never completes its lease,
-whatever its code returns (issue 16, item 2).
+whatever its code returns (issue 16, item 2); a cancelled attempt whose code never checks its
+fence gives its lease up, so a retry takes over (issue 16, item 15).
 
 Runs ``bridge.run_task`` in temporalio's ``ActivityEnvironment`` (Temporal's delivery of a
 cancellation or a worker shutdown is the boundary here, not what is tested), on the real lease
@@ -8,7 +9,9 @@ store and sink: the assertions are the lease's state and the charges in the sink
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -86,7 +89,8 @@ def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
         assert not worker.is_alive()
         row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
     assert row is not None
-    assert row["state"] == "failed"
+    # released, not completed: the next attempt finishes the work from the ledger
+    assert row["state"] == "released"
     assert row["result"] is None
     assert errors
     assert isinstance(errors[0], ApplicationError)
@@ -135,3 +139,69 @@ def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_a
     assert row["state"] == "succeeded"
     assert len(calls) == 1
     assert _charges(sink_db) == CUSTOMERS
+
+
+def test_a_cancelled_attempt_that_never_checks_its_fence_lets_a_retry_take_over(
+    lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temporal gave attempt 1 up, but its code is stuck and never calls ``fence.check()``:
+    without the abandon, attempt 1's keeper renews on and every retry is answered ``held``."""
+    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
+    stuck, release_stuck = threading.Event(), threading.Event()
+
+    def billing(fence: Fence) -> dict[str, int]:
+        charged = 0
+        for n, customer in enumerate(CUSTOMERS):
+            if n == 2 and fence.attempt == 1:
+                stuck.set()
+                release_stuck.wait(60)  # stuck in a call that never looks at the fence
+            try:
+                with fence.transaction() as tx:
+                    if tx.claim(customer):
+                        tx.conn.execute(
+                            "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
+                            (fence.key, customer, fence.token),
+                        )
+                        charged += 1
+            except Exception:  # the superseded attempt's writes are refused at the fence
+                continue
+        return {"charged": charged}
+
+    catalog = TaskCatalog()
+    catalog.register(DAG_ID, "charge", billing)
+    spec = TaskSpec(task_id="charge", fenced=True, sink="sink", heartbeat_s=0.6, lease_ttl_s=3)
+    inp = TaskInput(dag_id=DAG_ID, business_date=DATE, task=spec, mode=RunMode.PRIMARY)
+    first, retry = ActivityEnvironment(), ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    outcomes: list[Any] = []
+    with LeaseStore(lease_db, horizon_days=4000) as store:
+        activities = BridgeActivities(store, catalog, ModeStore(store))
+
+        def run_first() -> None:
+            try:
+                outcomes.append(first.run(activities.run_task, inp))
+            except BaseException as exc:
+                outcomes.append(exc)
+
+        worker = threading.Thread(target=run_first)
+        worker.start()
+        try:
+            assert stuck.wait(20)
+            first.cancel()
+            statuses = []
+            for _ in range(40):  # the TTL is 3 s: the retry must get the key within it, or so
+                got = retry.run(activities.run_task, inp)
+                statuses.append(got.status)
+                if got.status != "held":
+                    break
+                time.sleep(0.5)
+            assert statuses[-1] == "succeeded", statuses
+            assert worker.is_alive()  # attempt 1 is still stuck while the retry finished
+        finally:
+            release_stuck.set()
+            worker.join(30)
+        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+    assert row is not None
+    assert row["state"] == "succeeded"
+    # attempt 1's late writes were refused: each customer charged once
+    assert sorted(_charges(sink_db)) == sorted(CUSTOMERS)
