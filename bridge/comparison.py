@@ -19,9 +19,9 @@ from psycopg.types.json import Jsonb
 
 from airflow_plugins.lease import LeaseStore
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
+from airflow_plugins.protection.config import sink_dsn
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
-from bridge.worker.activity_fence import sink_dsn
 
 MAX_LISTED = 20
 
@@ -191,7 +191,7 @@ def _primary_side(store: LeaseStore, spec: DagSpec, shadow: DagRunResult) -> _Si
 
 
 def _ledger_items(sink: str, keys: list[str], task: Any) -> list[str]:
-    with psycopg.connect(sink_dsn(sink), connect_timeout=10) as conn:
+    with psycopg.connect(sink_dsn(sink, metastore=False), connect_timeout=10) as conn:
         rows = conn.execute(query("sink_ledger_items"), {"keys": keys}).fetchall()
     if task.map_over:
         return sorted(f"{k.split('/')[3]}/{i}" for k, i in rows)
@@ -199,7 +199,7 @@ def _ledger_items(sink: str, keys: list[str], task: Any) -> list[str]:
 
 
 def _external_calls(sink: str, keys: list[str]) -> list[dict[str, Any]]:
-    with psycopg.connect(sink_dsn(sink), connect_timeout=10) as conn:
+    with psycopg.connect(sink_dsn(sink, metastore=False), connect_timeout=10) as conn:
         present = conn.execute(query("sink_has_external_calls")).fetchone()
         if not (present and present[0]):
             return []

@@ -54,3 +54,7 @@ class FenceBusy(LeaseError):
         self.key = key
         self.token = token
         super().__init__(f"sink fence of {key!r} busy for token {token}: {detail}")
+
+
+class SinkNotConfigured(InvalidLeaseInput):
+    """A task names a sink connection that cannot be resolved (missing, or not Postgres)."""

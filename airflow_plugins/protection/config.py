@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 
 from airflow_plugins.lease import LeaseStore
-from airflow_plugins.lease.errors import InvalidLeaseInput
+from airflow_plugins.lease.errors import InvalidLeaseInput, SinkNotConfigured
 
 SECTION = "exactly_once"
 
@@ -248,20 +248,29 @@ def dsn_of_connection(conn: Any) -> str:
 
 
 _env_dsns: dict[tuple[str, str], str] = {}
+_POSTGRES_TYPES = ("postgres", "postgresql")
 
 
 def _connection_from_env(conn_id: str) -> str | None:
-    value = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+    """The DSN of ``AIRFLOW_CONN_<ID>`` (Airflow's URI or JSON form, or a libpq string)."""
+    name = f"AIRFLOW_CONN_{conn_id.upper()}"
+    value = os.environ.get(name)
     if not value:
         return None
     dsn = _env_dsns.get((conn_id, value))
     if dsn is None:  # parsed once per value (a quarter of a millisecond each time otherwise)
-        from airflow.sdk import Connection
-
-        if value.lstrip().startswith("{"):
-            dsn = dsn_of_connection(Connection.from_json(value, conn_id=conn_id))
+        if not value.lstrip().startswith("{") and "://" not in value:
+            dsn = value  # a libpq key=value string
         else:
-            dsn = dsn_of_connection(Connection.from_uri(value, conn_id=conn_id))
+            from airflow.sdk import Connection
+
+            if value.lstrip().startswith("{"):
+                conn = Connection.from_json(value, conn_id=conn_id)
+            else:
+                conn = Connection.from_uri(value, conn_id=conn_id)
+            if conn.conn_type not in _POSTGRES_TYPES:
+                raise SinkNotConfigured(f"{name} is a {conn.conn_type!r} connection, not Postgres")
+            dsn = dsn_of_connection(conn)
         _env_dsns[(conn_id, value)] = dsn
     return dsn
 
@@ -302,10 +311,22 @@ def lease_dsn(*, metastore: bool = True, conn_id: str | None = None) -> str:
     )
 
 
-def sink_dsn(conn_id: str) -> str:
-    """The DSN of a sink's Airflow Connection (type postgres)."""
+def sink_dsn(conn_id: str, *, metastore: bool = True) -> str:
+    """The DSN of a sink's Airflow Connection (type postgres), extras such as sslmode honoured.
+
+    ``AIRFLOW_CONN_<ID>`` first, then (``metastore``, in Airflow's processes) the Connection
+    Airflow keeps. The bridge worker passes ``metastore=False``: one variable serves both
+    engines.
+
+    Raises:
+        SinkNotConfigured: the connection is missing (without the metastore) or not Postgres.
+    """
     if dsn := _connection_from_env(conn_id):
         return dsn
+    if not metastore:
+        raise SinkNotConfigured(
+            f"sink connection {conn_id!r} is not configured: set AIRFLOW_CONN_{conn_id.upper()}"
+        )
     from airflow.sdk import BaseHook
 
     return dsn_of_connection(BaseHook.get_connection(conn_id))

@@ -50,7 +50,12 @@ from airflow.listeners import hookimpl
 from airflow_plugins.lease import Holder, InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable
 from airflow_plugins.lease.keys import first_day, lease_key, resolve_business_date
 from airflow_plugins.protection import config
-from airflow_plugins.protection.task_identity import dag_period, dag_timezone, target_from_context
+from airflow_plugins.protection.task_identity import (
+    dag_period,
+    dag_timezone,
+    target_from_context,
+    try_holder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -279,17 +284,6 @@ def _task_is_protected(task: Any) -> bool:
     return isinstance(task, ExactlyOnceOperator) or is_wrapped(task)
 
 
-def _try_holder(ti: Any) -> Holder:
-    map_index = getattr(ti, "map_index", -1)
-    return Holder.airflow(
-        dag_id=ti.dag_id,
-        run_id=ti.run_id,
-        task_id=ti.task_id,
-        map_index=-1 if map_index is None else map_index,
-        try_number=int(getattr(ti, "try_number", 0) or 0),
-    )
-
-
 def _in_task_process(ti: Any) -> bool:
     """Whether ``ti`` is the task SDK's runtime instance (the hook runs in the try's process),
     not the API server's ORM row of a try a user marked."""
@@ -314,7 +308,7 @@ def record_try(ti: Any, event: str, error: object = None) -> None:
     found = _runtime_key(ti)
     if found is None:
         return
-    holder = _try_holder(ti)
+    holder = try_holder(ti)
     if not _first_time(event, found[0], holder.run_id, holder.map_index, holder.try_number):
         return
     store = _store(in_task=True, task=getattr(ti, "task", None))
@@ -343,7 +337,7 @@ def fail_running_lease(ti: Any, error: object) -> list[str]:
     store = _store(in_task=in_task, task=getattr(ti, "task", None) if in_task else None)
     if store is None:
         return []
-    holder = _try_holder(ti)
+    holder = try_holder(ti)
     match: dict[str, Any] = {
         "engine": "airflow",
         "dag_id": holder.dag_id,

@@ -222,20 +222,24 @@ def target_from_context(
         now=None if allows_future_dates(dag) else datetime.now(UTC),
         step=schedule_step(getattr(dag, "timetable", None)),
     )
-    map_index = getattr(ti, "map_index", -1)
     key = lease_key(ti.dag_id, ti.task_id, business_date, map_key(context))
-    holder = Holder.airflow(
+    return TaskTarget(
+        key=key,
+        period=chosen,
+        holder=try_holder(ti),
+        conf=conf,
+        triggering_user=getattr(dag_run, "triggering_user_name", None),
+        run_started_at=getattr(dag_run, "start_date", None),
+    )
+
+
+def try_holder(ti: Any) -> Holder:
+    """The lease holder for one try of a task instance (the task SDK's or the ORM's)."""
+    map_index = getattr(ti, "map_index", -1)
+    return Holder.airflow(
         dag_id=ti.dag_id,
         run_id=ti.run_id,
         task_id=ti.task_id,
         map_index=-1 if map_index is None else map_index,
         try_number=int(getattr(ti, "try_number", 0) or 0),
-    )
-    return TaskTarget(
-        key=key,
-        period=chosen,
-        holder=holder,
-        conf=conf,
-        triggering_user=getattr(dag_run, "triggering_user_name", None),
-        run_started_at=getattr(dag_run, "start_date", None),
     )

@@ -7,60 +7,33 @@ transaction runs the writes, captures what they wrote, and rolls back, so the si
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
 
 from airflow_plugins.lease import (
-    InvalidLeaseInput,
     Lease,
     connect_sink,
     fenced_transaction,
 )
 from airflow_plugins.lease.fence import Fence, SinkConnect, SinkWrite
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
+from airflow_plugins.protection import config
 from bridge.sql import query
 
 MAX_CAPTURED_ROWS = 10_000
 
 
-class SinkNotConfigured(InvalidLeaseInput):
-    """A task names a sink connection the worker cannot resolve."""
-
-
 def sink_dsn(conn_id: str) -> str:
-    """The libpq DSN of the sink connection ``conn_id``, from ``AIRFLOW_CONN_<ID>``.
-
-    Airflow's own environment convention (URI or JSON), so one variable serves both engines.
+    """The sink connection's DSN from ``AIRFLOW_CONN_<ID>``, as Airflow's tasks resolve it.
 
     Raises:
         SinkNotConfigured: the variable is missing or not a Postgres connection.
     """
-    name = "AIRFLOW_CONN_" + conn_id.upper()
-    raw = os.environ.get(name)
-    if not raw:
-        raise SinkNotConfigured(f"sink connection {conn_id!r} is not configured: set {name}")
-    if raw.lstrip().startswith("{"):
-        data = json.loads(raw)
-        return psycopg.conninfo.make_conninfo(
-            host=data.get("host") or "",
-            port=str(data.get("port") or ""),
-            user=data.get("login") or "",
-            password=data.get("password") or "",
-            dbname=data.get("schema") or "",
-        )
-    if "://" not in raw:
-        return raw  # a libpq key=value string
-    scheme = urlsplit(raw).scheme
-    if scheme not in ("postgres", "postgresql"):
-        raise SinkNotConfigured(f"{name} is a {scheme!r} connection, not Postgres")
-    return "postgresql" + raw[len(scheme) :]
+    return config.sink_dsn(conn_id, metastore=False)
 
 
 class _ShadowRollback(Exception):
