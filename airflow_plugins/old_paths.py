@@ -15,6 +15,43 @@ import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 
+#: old module path -> its home since the layout move (issue 14)
+MOVED: dict[str, str] = {
+    "airflow_plugins.config": "airflow_plugins.protection.config",
+    "airflow_plugins.decorators": "airflow_plugins.protection.decorators",
+    "airflow_plugins.early_acquire": "airflow_plugins.protection.early_acquire",
+    "airflow_plugins.embedded_postgres": "airflow_plugins.demo.embedded_postgres",
+    "airflow_plugins.fence_context": "airflow_plugins.lease.fence",
+    "airflow_plugins.keys": "airflow_plugins.lease.keys",
+    "airflow_plugins.lease_store_hook": "airflow_plugins.protection.lease_store_hook",
+    "airflow_plugins.listener": "airflow_plugins.protection.listener",
+    "airflow_plugins.operators": "airflow_plugins.protection.operators",
+    "airflow_plugins.plugin": "airflow_plugins.protection.plugin",
+    "airflow_plugins.policy": "airflow_plugins.protection.policy",
+    "airflow_plugins.prewarm": "airflow_plugins.protection.connection_warmup",
+    "airflow_plugins.protected_try": "airflow_plugins.protection.protected_try",
+    "airflow_plugins.recorded_result": "airflow_plugins.protection.recorded_result",
+    "airflow_plugins.routing": "airflow_plugins.protection.routing",
+    "airflow_plugins.sla": "airflow_plugins.protection.sla",
+    "airflow_plugins.task_key": "airflow_plugins.protection.task_identity",
+    "airflow_plugins.triggers": "airflow_plugins.protection.triggers",
+    "bridge.activities": "bridge.worker.activities",
+    "bridge.catalog": "bridge.worker.catalog",
+    "bridge.client": "bridge.temporal.client",
+    "bridge.codec": "bridge.temporal.codec",
+    "bridge.egress": "bridge.worker.egress",
+    "bridge.execution": "bridge.worker.execution",
+    "bridge.fencing": "bridge.worker.activity_fence",
+    "bridge.handoff": "bridge.in_airflow.handoff",
+    "bridge.handover": "bridge.temporal.handover",
+    "bridge.operator": "bridge.in_airflow.operator",
+    "bridge.routing": "bridge.in_airflow.router",
+    "bridge.schedule": "bridge.temporal.schedule",
+    "bridge.translate": "bridge.in_airflow.translate",
+    "bridge.triggers": "bridge.in_airflow.workflow_trigger",
+    "bridge.workflows": "bridge.worker.workflows",
+}
+
 
 class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old module path and loads it as the module at its new path."""
@@ -40,9 +77,10 @@ class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Nothing to run: the new module is already imported."""
 
 
-def keep_old_paths(package: str, moved: Mapping[str, str]) -> None:
-    """Makes each old path in ``moved`` import as its new module (once per package)."""
+def keep_old_paths(package: str) -> None:
+    """Makes each old path of ``package`` in ``MOVED`` import as its new module (once)."""
     for finder in sys.meta_path:
         if getattr(finder, "package", None) == package and hasattr(finder, "moved"):
             return
+    moved = {old: new for old, new in MOVED.items() if old.startswith(package + ".")}
     sys.meta_path.append(_OldPathFinder(package, moved))

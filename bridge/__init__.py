@@ -19,26 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_plugins.old_paths import keep_old_paths
 
-keep_old_paths(
-    "bridge",
-    {
-        "bridge.activities": "bridge.worker.activities",
-        "bridge.catalog": "bridge.worker.catalog",
-        "bridge.client": "bridge.temporal.client",
-        "bridge.codec": "bridge.temporal.codec",
-        "bridge.egress": "bridge.worker.egress",
-        "bridge.execution": "bridge.worker.execution",
-        "bridge.fencing": "bridge.worker.activity_fence",
-        "bridge.handoff": "bridge.in_airflow.handoff",
-        "bridge.handover": "bridge.temporal.handover",
-        "bridge.operator": "bridge.in_airflow.operator",
-        "bridge.routing": "bridge.in_airflow.router",
-        "bridge.schedule": "bridge.temporal.schedule",
-        "bridge.translate": "bridge.in_airflow.translate",
-        "bridge.triggers": "bridge.in_airflow.workflow_trigger",
-        "bridge.workflows": "bridge.worker.workflows",
-    },
-)
+keep_old_paths("bridge")
 
 if TYPE_CHECKING:
     from bridge.comparison import Comparison, get_comparison, ready, recent

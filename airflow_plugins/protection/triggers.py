@@ -42,18 +42,76 @@ async def _not_before(moment: float | None) -> None:
         await asyncio.sleep(ahead)
 
 
-class LeaseReleasedTrigger(BaseTrigger):
-    """Fires when the lease of ``key`` is no longer held by a live holder.
+class _StorePollTrigger(BaseTrigger):
+    """Polls the lease store from the triggerer until ``_check`` has an event to fire.
 
     Args:
-        key: the lease key the task waits for.
-        token: the token that held it when the task deferred (for the logs and the event).
         poll_interval: seconds between checks.
         dsn: the lease store's DSN (default: the configured store, resolved in the triggerer, so
             no credentials travel in the trigger's stored arguments).
         conn_id: the task's own lease-store Connection, if it has one (resolved in the
             triggerer).
         not_before: epoch seconds before which it does not fire (see the module).
+    """
+
+    def __init__(
+        self,
+        poll_interval: float = 5.0,
+        dsn: str | None = None,
+        conn_id: str | None = None,
+        not_before: float | None = None,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.poll_interval = poll_interval
+        self.dsn = dsn
+        self.conn_id = conn_id
+        self.not_before = not_before
+
+    def _arguments(self) -> dict[str, Any]:
+        return {
+            "poll_interval": self.poll_interval,
+            "dsn": self.dsn,
+            "conn_id": self.conn_id,
+            "not_before": self.not_before,
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What every event of this trigger carries."""
+        return {}
+
+    def _check(self) -> dict[str, Any] | None:
+        """The event's payload once it may fire, else None (runs on a thread)."""
+        raise NotImplementedError
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The classpath and arguments that rebuild this trigger in the triggerer."""
+        return f"{type(self).__module__}.{type(self).__qualname__}", self._arguments()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Polls until the check has an event, then yields it; a store not configured in the
+        triggerer yields an error event."""
+        await _not_before(self.not_before)
+        while True:
+            try:
+                payload = await asyncio.to_thread(self._check)
+            except InvalidLeaseInput as exc:
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "error", **self._identity(), "error": str(exc)}
+                )
+                return
+            if payload is not None:
+                yield TriggerEvent(payload)  # type: ignore[no-untyped-call]
+                return
+            await asyncio.sleep(self.poll_interval)
+
+
+class LeaseReleasedTrigger(_StorePollTrigger):
+    """Fires when the lease of ``key`` is no longer held by a live holder.
+
+    Args:
+        key: the lease key the task waits for.
+        token: the token that held it when the task deferred (for the logs and the event).
+        poll_interval, dsn, conn_id, not_before: as for every store-polling trigger.
     """
 
     def __init__(
@@ -65,116 +123,40 @@ class LeaseReleasedTrigger(BaseTrigger):
         conn_id: str | None = None,
         not_before: float | None = None,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(poll_interval, dsn, conn_id, not_before)
         self.key = key
         self.token = token
-        self.poll_interval = poll_interval
-        self.dsn = dsn
-        self.conn_id = conn_id
-        self.not_before = not_before
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The classpath and arguments that rebuild this trigger in the triggerer."""
-        return (
-            "airflow_plugins.protection.triggers.LeaseReleasedTrigger",
-            {
-                "key": self.key,
-                "token": self.token,
-                "poll_interval": self.poll_interval,
-                "dsn": self.dsn,
-                "conn_id": self.conn_id,
-                "not_before": self.not_before,
-            },
-        )
+    def _arguments(self) -> dict[str, Any]:
+        return {"key": self.key, "token": self.token, **super()._arguments()}
 
-    def _state(self) -> str | None:
+    def _identity(self) -> dict[str, Any]:
+        return {"key": self.key}
+
+    def _check(self) -> dict[str, Any] | None:
         try:
             row = _store(self.dsn, self.conn_id).get(self.key)
         except LeaseStoreUnavailable as exc:
             log.warning("waiting for %s: lease store unavailable: %s", self.key, exc)
             return None
         if row is None:
-            return "gone"
-        if row["state"] != "running":
-            return str(row["state"])
-        return "expired" if row["expired"] else None
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Polls until the lease is free or expired, then yields one event."""
-        await _not_before(self.not_before)
-        while True:
-            try:
-                state = await asyncio.to_thread(self._state)
-            except InvalidLeaseInput as exc:  # not configured in the triggerer
-                yield TriggerEvent(  # type: ignore[no-untyped-call]
-                    {"status": "error", "key": self.key, "error": str(exc)}
-                )
-                return
-            if state is not None:
-                yield TriggerEvent(  # type: ignore[no-untyped-call]
-                    {"status": "released", "key": self.key, "token": self.token, "state": state}
-                )
-                return
-            await asyncio.sleep(self.poll_interval)
+            state = "gone"
+        elif row["state"] != "running":
+            state = str(row["state"])
+        elif row["expired"]:
+            state = "expired"
+        else:
+            return None
+        return {"status": "released", "key": self.key, "token": self.token, "state": state}
 
 
-class LeaseStoreReachableTrigger(BaseTrigger):
-    """Fires when the lease store answers a query again.
+class LeaseStoreReachableTrigger(_StorePollTrigger):
+    """Fires when the lease store answers a query again (arguments: see ``_StorePollTrigger``)."""
 
-    Args:
-        poll_interval: seconds between checks.
-        dsn: the lease store's DSN (default: the configured one, resolved in the triggerer).
-        conn_id: the task's own lease-store Connection, if it has one.
-        not_before: epoch seconds before which it does not fire (see the module).
-    """
-
-    def __init__(
-        self,
-        poll_interval: float = 5.0,
-        dsn: str | None = None,
-        conn_id: str | None = None,
-        not_before: float | None = None,
-    ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.poll_interval = poll_interval
-        self.dsn = dsn
-        self.conn_id = conn_id
-        self.not_before = not_before
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The classpath and arguments that rebuild this trigger in the triggerer."""
-        return (
-            "airflow_plugins.protection.triggers.LeaseStoreReachableTrigger",
-            {
-                "poll_interval": self.poll_interval,
-                "dsn": self.dsn,
-                "conn_id": self.conn_id,
-                "not_before": self.not_before,
-            },
-        )
-
-    def _reachable(self) -> bool:
+    def _check(self) -> dict[str, Any] | None:
         try:
             _store(self.dsn, self.conn_id).list_leases(limit=1)  # any named query proves it answers
         except LeaseStoreUnavailable as exc:
             log.info("lease store still unavailable: %s", exc)
-            return False
-        return True
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Polls until the store answers, then yields one event."""
-        await _not_before(self.not_before)
-        while True:
-            try:
-                reachable = await asyncio.to_thread(self._reachable)
-            except InvalidLeaseInput as exc:
-                yield TriggerEvent(  # type: ignore[no-untyped-call]
-                    {"status": "error", "error": str(exc)}
-                )
-                return
-            if reachable:
-                yield TriggerEvent(  # type: ignore[no-untyped-call]
-                    {"status": "reachable"}
-                )
-                return
-            await asyncio.sleep(self.poll_interval)
+            return None
+        return {"status": "reachable"}
