@@ -18,7 +18,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from typing import Any
@@ -703,9 +703,11 @@ class LeaseStore:
         state: str | None = None,
         expired_only: bool = False,
         taken_over_only: bool = False,
+        dags: Collection[str] | None = None,
         limit: int = 100,
     ) -> list[dict[str, Any]]:
-        """Lease rows, newest first, filtered by key prefix, state, expiry and takeovers."""
+        """Lease rows, newest first, filtered by key prefix, state, expiry, takeovers and the
+        DAGs they belong to (``dags``: None for all)."""
         return self._rows(
             "list_leases",
             {
@@ -713,6 +715,7 @@ class LeaseStore:
                 "state": state,
                 "expired_only": expired_only,
                 "taken_over_only": taken_over_only,
+                "dags": None if dags is None else sorted(dags),
                 "limit": limit,
             },
         )

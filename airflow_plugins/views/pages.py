@@ -82,18 +82,17 @@ def leases_page(
 ) -> LeasesPage:
     """Reads the leases page's data (filters as on the page)."""
     live = _rows(store, "live_leases", {"prefix": prefix, "limit": limit, "dags": dags})
-    listed = _rows(
-        store,
-        "listed_leases",
-        {
-            "prefix": prefix,
-            "state": state,
-            "expired_only": expired_only,
-            "taken_over_only": taken_over_only,
-            "limit": limit,
-            "dags": dags,
-        },
-    )
+    listed = [
+        shown(row)
+        for row in store.list_leases(
+            prefix=prefix,
+            state=state,
+            expired_only=expired_only,
+            taken_over_only=taken_over_only,
+            dags=dags,
+            limit=limit,
+        )
+    ]
     counts = {
         r["state"]: {"n": r["n"], "taken_over": r["taken_over"], "expired": r["expired"]}
         for r in _rows(store, "lease_counts", {"prefix": prefix, "dags": dags})

@@ -155,6 +155,7 @@ WHERE (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (NOT %(expired_only)s::boolean OR (state = 'running' AND expires_at < now()))
   AND (NOT %(taken_over_only)s::boolean OR takeovers > 0)
+  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
 ORDER BY acquired_at DESC
 LIMIT %(limit)s;
 

@@ -77,16 +77,3 @@ WHERE split_part(key, '/', 1) = %(dag_id)s
 ORDER BY key
 LIMIT %(limit)s;
 
--- name: listed_leases
--- The leases table of the page: runlease's list_leases, limited to the DAGs the user may read.
-SELECT key, state, token, holder, attempt, business_date, acquired_at, expires_at,
-       renewed_at, finished_at, result, error, takeovers, rerun_approved,
-       (state = 'running' AND expires_at < now()) AS expired
-FROM runlease.lease
-WHERE (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text))
-  AND (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (NOT %(expired_only)s::boolean OR (state = 'running' AND expires_at < now()))
-  AND (NOT %(taken_over_only)s::boolean OR takeovers > 0)
-  AND (%(dags)s::text[] IS NULL OR split_part(key, '/', 1) = ANY(%(dags)s::text[]))
-ORDER BY acquired_at DESC
-LIMIT %(limit)s;
