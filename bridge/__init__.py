@@ -32,11 +32,12 @@ if TYPE_CHECKING:
         UnknownMode,
         migrate_bridge,
     )
-    from bridge.identity import run_key, task_key, workflow_id
+    from bridge.identity import run_key, task_lease_key, workflow_id
     from bridge.spec import (
         DagRunInput,
         DagRunResult,
         DagSpec,
+        Handoff,
         RetrySpec,
         RunMode,
         TaskKind,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from bridge.temporal.client import connect
     from bridge.temporal.codec import EncryptionCodec, codec_from_env, new_key
     from bridge.temporal.handover import (
-        Handoff,
         Handover,
         HandoverRefused,
         PayloadTooLarge,
@@ -65,7 +65,7 @@ _EXPORTS = {
     "DagRunWorkflow": "bridge.worker.workflows",
     "DagSpec": "bridge.spec",
     "EncryptionCodec": "bridge.temporal.codec",
-    "Handoff": "bridge.temporal.handover",
+    "Handoff": "bridge.spec",
     "Handover": "bridge.temporal.handover",
     "HandoverRefused": "bridge.temporal.handover",
     "MappedChunkWorkflow": "bridge.worker.workflows",
@@ -91,9 +91,12 @@ _EXPORTS = {
     "recent": "bridge.comparison",
     "run_handle": "bridge.temporal.handover",
     "run_key": "bridge.identity",
-    "task_key": "bridge.identity",
+    "task_lease_key": "bridge.identity",
     "workflow_id": "bridge.identity",
 }
+
+#: names from before issue 14's renames, still answered
+_RENAMED = {"task_key": "task_lease_key"}
 
 __all__ = [
     "BridgeConfig",
@@ -131,7 +134,7 @@ __all__ = [
     "recent",
     "run_handle",
     "run_key",
-    "task_key",
+    "task_lease_key",
     "workflow_id",
 ]
 
@@ -139,6 +142,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # resolved on first use, not at import: the workflow sandbox re-imports this package for
     # every workflow module it loads, and must not pull the client, psycopg or cryptography in
+    name = _RENAMED.get(name, name)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'bridge' has no attribute {name!r}")

@@ -72,7 +72,7 @@ def workflow_id(
     return WORKFLOW_ID_PREFIX + (key.shadow if mode is RunMode.SHADOW else str(key))
 
 
-def task_key(
+def task_lease_key(
     dag_id: str, task_id: str, business_date: str, map_key: str | None, mode: RunMode
 ) -> str:
     """The lease key an activity takes: the Airflow operator's key, or its shadow."""

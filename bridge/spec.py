@@ -242,3 +242,20 @@ class ScheduledRunInput:
 
     spec: DagSpec
     task_queue: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """Where a handed-over business run is.
+
+    Attributes:
+        workflow_id: the key-derived workflow id.
+        run_id: the execution's run id (None when the lease store says it is done already).
+        started: True when this call started the execution; False when it attached.
+        recorded: when the run key's lease is succeeded: its recorded result (nothing started).
+    """
+
+    workflow_id: str
+    run_id: str | None
+    started: bool
+    recorded: Any = None

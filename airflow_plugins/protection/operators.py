@@ -36,7 +36,7 @@ API (for DAG authors, the example DAGs and the bridge)::
 * Sanctioned re-run: approved by an administrator (leases page or ``runlease override``); the
   conf ``{"exactly_once_rerun": {"reason": "..."}}`` alone is refused, audited.
 * Routing: ``airflow_plugins.protection.routing.current_router().route(run)`` decides per try
-  whether the work runs here or a ``Handover`` (the bridge) runs it; handovers resume via
+  whether the work runs here or an ``EngineHandover`` (the bridge) runs it; handovers resume via
   ``resume_handover``.
 * ``[exactly_once] enabled = False``: the body runs plainly with an unfenced ``Fence``.
 """

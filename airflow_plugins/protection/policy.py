@@ -43,7 +43,7 @@ from airflow_plugins.protection.protected_try import Protection
 log = logging.getLogger(__name__)
 
 RESUME_METHOD = "exactly_once_resume"
-HANDOVER_RESUME_METHOD = "resume_handover"  # the name routing.Handover implementations defer to
+HANDOVER_RESUME_METHOD = "resume_handover"  # what routing.EngineHandover implementations defer to
 WRAPPED_MARK = "_exactly_once_wrapped"
 
 _running_task: Any = None

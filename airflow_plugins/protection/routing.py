@@ -4,7 +4,7 @@ The operator asks the router once per try, before it takes any lease. The defaul
 everything in Airflow. The bridge registers its own (``[exactly_once] router =
 bridge.in_airflow.router:router`` or ``register_router``): it decides by the DAG's cutover mode
 *fixed when the run started* (it pins the mode per run, so a change applies to the next run) and
-returns a ``Handover`` that starts or attaches to the engine's execution. This module imports
+returns an ``EngineHandover`` that starts or attaches to the engine's execution. This module imports
 nothing from Temporal.
 """
 
@@ -45,7 +45,7 @@ class ProtectedRun:
 
 
 @runtime_checkable
-class Handover(Protocol):
+class EngineHandover(Protocol):
     """Runs a try's protected work on another engine instead of here."""
 
     def start(self, operator: Any, context: Mapping[str, Any], run: ProtectedRun) -> Any:
@@ -75,7 +75,7 @@ class Route:
     """
 
     mode: str = AIRFLOW
-    handover: Handover | None = None
+    handover: EngineHandover | None = None
 
 
 @runtime_checkable

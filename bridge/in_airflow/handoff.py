@@ -14,27 +14,16 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 from airflow_plugins.lease import InvalidLeaseInput
 from bridge.config import BridgeConfig, TemporalUnavailable
-from bridge.spec import DagSpec, RunMode
+from bridge.spec import DagSpec, Handoff, RunMode
 
 TIMEOUT_S = 120.0
 
 
 class HandoverFailed(RuntimeError):
     """The handover process failed for a reason other than the ones below."""
-
-
-@dataclasses.dataclass(frozen=True)
-class HandoffReply:
-    """What the handover process answered (see ``bridge.temporal.handover.Handoff``)."""
-
-    workflow_id: str
-    run_id: str | None
-    started: bool
-    recorded: Any = None
 
 
 def _resolved_config() -> BridgeConfig:
@@ -57,7 +46,7 @@ def request(
     map_key: str | None = None,
     source: str = "",
     wait: bool = True,
-) -> HandoffReply | None:
+) -> Handoff | None:
     """Hands a run over through the child process.
 
     Args:
@@ -100,7 +89,7 @@ def request(
             f"handover process exited {done.returncode}: {done.stderr.decode()[-2000:]}"
         ) from exc
     if answer.get("ok"):
-        return HandoffReply(
+        return Handoff(
             answer["workflow_id"], answer["run_id"], answer["started"], answer.get("recorded")
         )
     kind, message = answer.get("error_type"), str(answer.get("error"))

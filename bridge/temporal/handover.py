@@ -11,7 +11,6 @@ the run key's lease in the lease store is what says it is done.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
@@ -24,7 +23,7 @@ from airflow_plugins.lease.keys import lease_key
 from bridge.config import TemporalUnavailable
 from bridge.graph import graph_problems, shadow_refusals
 from bridge.identity import run_key, workflow_id
-from bridge.spec import DagRunInput, DagRunResult, DagSpec, RunMode
+from bridge.spec import DagRunInput, DagRunResult, DagSpec, Handoff, RunMode
 from bridge.worker.workflows import DagRunWorkflow
 
 DEFAULT_MAX_PAYLOAD = 2_000_000
@@ -36,23 +35,6 @@ class PayloadTooLarge(InvalidLeaseInput):
 
 class HandoverRefused(InvalidLeaseInput):
     """The DAG cannot be handed over as it is (untranslatable, unsafe for shadow)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Handoff:
-    """Where a handed-over business run is.
-
-    Attributes:
-        workflow_id: the key-derived workflow id.
-        run_id: the execution's run id (None when the lease store says it is done already).
-        started: True when this call started the execution; False when it attached.
-        recorded: when the run key's lease is succeeded: its recorded result (nothing started).
-    """
-
-    workflow_id: str
-    run_id: str | None
-    started: bool
-    recorded: Any = None
 
 
 class Handover:

@@ -38,7 +38,7 @@ from airflow_plugins.lease.run import ResultNotRecorded, run_under_lease
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
 from bridge.graph import substitute
-from bridge.identity import run_key, task_key
+from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
@@ -90,7 +90,7 @@ class BridgeActivities:
         """Runs one task (or one mapped item) of a business run under its lease."""
         info = activity.info()
         spec = inp.task
-        key = task_key(inp.dag_id, spec.task_id, inp.business_date, inp.map_key, inp.mode)
+        key = task_lease_key(inp.dag_id, spec.task_id, inp.business_date, inp.map_key, inp.mode)
         holder = Holder.temporal(
             workflow_id=info.workflow_id or "",
             workflow_run_id=info.workflow_run_id or "",

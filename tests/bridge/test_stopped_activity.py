@@ -23,7 +23,7 @@ from temporalio.testing import ActivityEnvironment
 from airflow_plugins.lease import LeaseStore
 from airflow_plugins.lease.fence import Fence
 from bridge.cutover import ModeStore
-from bridge.identity import task_key
+from bridge.identity import task_lease_key
 from bridge.spec import RunMode, TaskInput, TaskSpec
 from bridge.worker.activities import BridgeActivities
 from bridge.worker.catalog import TaskCatalog
@@ -87,7 +87,7 @@ def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
         signal()
         worker.join(30)
         assert not worker.is_alive()
-        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+        row = store.get(str(task_lease_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
     assert row is not None
     # released, not completed: the next attempt finishes the work from the ledger
     assert row["state"] == "released"
@@ -132,7 +132,7 @@ def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_a
         finally:
             outage.end()
         again = ActivityEnvironment().run(activities.run_task, inp)
-        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+        row = store.get(str(task_lease_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
     assert (first.status, first.result) == ("succeeded", {"charged": 6})
     assert (again.status, again.result) == ("recorded", {"charged": 6})
     assert row is not None
@@ -200,7 +200,7 @@ def test_a_cancelled_attempt_that_never_checks_its_fence_lets_a_retry_take_over(
         finally:
             release_stuck.set()
             worker.join(30)
-        row = store.get(str(task_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
+        row = store.get(str(task_lease_key(DAG_ID, "charge", DATE, None, RunMode.PRIMARY)))
     assert row is not None
     assert row["state"] == "succeeded"
     # attempt 1's late writes were refused: each customer charged once
