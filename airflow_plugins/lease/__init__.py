@@ -38,6 +38,7 @@ from airflow_plugins.lease.external_call import (
 )
 from airflow_plugins.lease.holder import Holder
 from airflow_plugins.lease.keeper import LeaseKeeper
+from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.migrations import LEASE_STORE, SINK_FENCE, migrate
 from airflow_plugins.lease.sink_fence import (
     FencedWrite,
@@ -53,7 +54,6 @@ from airflow_plugins.lease.store import (
     Lease,
     LeaseStore,
     Outcome,
-    check_key,
     check_ttl,
 )
 

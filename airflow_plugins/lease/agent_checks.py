@@ -25,7 +25,8 @@ from typing import Any
 
 from airflow_plugins.lease import audit_payload, masking
 from airflow_plugins.lease.errors import InvalidLeaseInput
-from airflow_plugins.lease.store import check_key, check_ttl
+from airflow_plugins.lease.keys import check_key
+from airflow_plugins.lease.store import check_ttl
 from airflow_plugins.lease.wire import Peer
 
 # what each relayed statement takes: exactly these parameters

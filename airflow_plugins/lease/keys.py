@@ -21,8 +21,9 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from airflow_plugins.lease.errors import InvalidLeaseInput
-from airflow_plugins.lease.store import check_key
 
+MAX_KEY_CHARS = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SHADOW_SUFFIX = "#shadow"
 # the DAG tag that lets a run's conf name a business date whose period has not begun
 ALLOW_FUTURE_TAG = "exactly-once-allow-future-dates"
@@ -355,3 +356,20 @@ def lease_key(
 ) -> LeaseKey:
     """Builds the lease key of one business execution (see ``LeaseKey``)."""
     return LeaseKey(dag_id, task_id, business_date, map_key)
+
+
+def check_key(key: object) -> str:
+    """Validates a lease key: 1 to 512 characters of text with no control characters.
+
+    Raises:
+        InvalidLeaseInput: the key is not such a string.
+    """
+    if not isinstance(key, str):
+        raise InvalidLeaseInput(f"a lease key must be a string, not {type(key).__name__}")
+    if not key.strip():
+        raise InvalidLeaseInput("a lease key must not be empty")
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidLeaseInput(f"a lease key must be at most {MAX_KEY_CHARS} characters")
+    if _CONTROL.search(key):
+        raise InvalidLeaseInput("a lease key must not contain control characters")
+    return key

@@ -31,8 +31,8 @@ from typing import Any
 import psycopg
 
 from airflow_plugins.lease.errors import FenceBusy, InvalidLeaseInput, StaleToken
+from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.queries import query
-from airflow_plugins.lease.store import check_key
 
 log = logging.getLogger(__name__)
 

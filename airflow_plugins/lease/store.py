@@ -15,7 +15,6 @@ import dataclasses
 import enum
 import json
 import math
-import re
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -32,16 +31,15 @@ from airflow_plugins.lease.agent_client import AgentClient
 from airflow_plugins.lease.connections import DEFAULT_CALL_TIMEOUT, StoreConnections
 from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseLost
 from airflow_plugins.lease.holder import Holder
+from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.masking import mask_text
 from airflow_plugins.lease.queries import query
 
-MAX_KEY_CHARS = 512
 DEFAULT_TTL = 60.0
 DEFAULT_HORIZON_DAYS = 400
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 # retention moves and deletes many rows: its calls get longer than the store's call_timeout
 RETENTION_TIMEOUT = 3600.0
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Outcome(enum.StrEnum):
@@ -127,23 +125,6 @@ class Acquisition:
             self.asked_at,
             self.generation,
         )
-
-
-def check_key(key: object) -> str:
-    """Validates a lease key: 1 to 512 characters of text with no control characters.
-
-    Raises:
-        InvalidLeaseInput: the key is not such a string.
-    """
-    if not isinstance(key, str):
-        raise InvalidLeaseInput(f"a lease key must be a string, not {type(key).__name__}")
-    if not key.strip():
-        raise InvalidLeaseInput("a lease key must not be empty")
-    if len(key) > MAX_KEY_CHARS:
-        raise InvalidLeaseInput(f"a lease key must be at most {MAX_KEY_CHARS} characters")
-    if _CONTROL.search(key):
-        raise InvalidLeaseInput("a lease key must not contain control characters")
-    return key
 
 
 def check_ttl(ttl: object) -> float:
