@@ -41,6 +41,7 @@ from bridge.graph import substitute
 from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
+from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.worker.egress import ShadowEgressRefused, allowed_addresses, no_egress
 from bridge.worker.execution import business_run, run_operator, template_context
@@ -78,12 +79,21 @@ class BridgeActivities:
         store: the lease store (the same one Airflow's operator uses).
         catalog: where the worker finds task code.
         modes: the cutover mode store (for scheduled runs and comparisons).
+        watch: asks Temporal whether it still wants a running attempt (the worker's client);
+            None: only a cancellation the SDK delivers gives a lease up.
     """
 
-    def __init__(self, store: LeaseStore, catalog: TaskCatalog, modes: ModeStore) -> None:
+    def __init__(
+        self,
+        store: LeaseStore,
+        catalog: TaskCatalog,
+        modes: ModeStore,
+        watch: AttemptWatch | None = None,
+    ) -> None:
         self.store = store
         self.catalog = catalog
         self.modes = modes
+        self.watch = watch
 
     @activity.defn(name="bridge.run_task")
     def run_task(self, inp: TaskInput) -> TaskResult:
@@ -141,7 +151,7 @@ class BridgeActivities:
         started = time.monotonic()
         try:
             # the heartbeat beats on while the result is recorded
-            with _Heartbeat(spec.heartbeat_s, fence) as beat:
+            with _Heartbeat(spec.heartbeat_s, fence, self.watch) as beat:
                 result = run_under_lease(
                     self.store,
                     fence,
@@ -259,33 +269,56 @@ class BridgeActivities:
 
 
 class _Heartbeat:
-    """Heartbeats the activity from a thread while the task's code runs; on cancellation
-    (the workflow, the server or a user cancelled it) it stops the fence so the work halts."""
+    """Heartbeats the activity from a thread while the task's code runs.
 
-    def __init__(self, timeout_s: float, fence: BridgeFence) -> None:
+    Cancelled (by the workflow, a user, or the server after a timeout), or given up by
+    Temporal as the ``watch`` finds (retried elsewhere, or out of contact for longer than the
+    heartbeat timeout), it stops the fence and abandons the lease; on worker shutdown it only
+    stops the fence (the run then releases the lease as it ends)."""
+
+    def __init__(self, timeout_s: float, fence: BridgeFence, watch: AttemptWatch | None) -> None:
+        self._timeout = timeout_s
         self._every = max(0.2, timeout_s / 3)
         self._fence = fence
+        self._watch = watch
         self._keeper: LeaseKeeper | None = None
+        self._info = activity.info()
         self._done = threading.Event()
         ctx = contextvars.copy_context()
         self._thread = threading.Thread(target=ctx.run, args=(self._run,), daemon=True)
 
     def _run(self) -> None:
+        heard_from = time.monotonic()  # when Temporal last said it wants this attempt
+        asked = 0.0
         while not self._done.wait(self._every):
             try:
                 activity.heartbeat()
             except Exception:  # a heartbeat that cannot be sent is not the work's failure
                 pass
             if activity.is_cancelled():
-                self._fence.stop("the activity was cancelled")
-                keeper = self._keeper
-                if keeper is not None and not keeper.lost:
-                    # Temporal gave this attempt up (a cancel, or a heartbeat timeout and a
-                    # retry elsewhere): stop renewing, so the retry takes over at expiry with
-                    # a higher token even if this body never checks its fence
-                    keeper.abandon("the activity was cancelled")
+                self._give_up("the activity was cancelled")
             elif activity.is_worker_shutdown():
                 self._fence.stop("the worker is shutting down")
+            elif self._watch is not None and time.monotonic() - asked >= self._timeout / 2:
+                asked = time.monotonic()
+                answer = self._watch.ask(self._info)
+                if answer is Attempt.WANTED:
+                    heard_from = asked
+                elif answer is Attempt.GIVEN_UP:
+                    self._give_up("Temporal retried this activity elsewhere")
+                elif asked - heard_from > self._timeout:
+                    self._give_up(
+                        f"cut off from Temporal for more than the {self._timeout:g} s heartbeat "
+                        "timeout: Temporal has given this attempt up"
+                    )
+
+    def _give_up(self, reason: str) -> None:
+        """Temporal gave this attempt up: stop the body and stop renewing, so a retry takes
+        over at expiry with a higher token even if this body never checks its fence."""
+        self._fence.stop(reason)
+        keeper = self._keeper
+        if keeper is not None and not keeper.lost:
+            keeper.abandon(reason)
 
     @contextlib.contextmanager
     def watching(self, keeper: LeaseKeeper) -> Iterator[None]:

@@ -27,6 +27,7 @@ from bridge.cutover import ModeStore, migrate_bridge
 from bridge.temporal.client import connect
 from bridge.temporal.codec import codec_from_env, warn_if_unencrypted
 from bridge.worker.activities import BridgeActivities
+from bridge.worker.attempt_watch import TemporalAttemptWatch
 from bridge.worker.catalog import TaskCatalog
 from bridge.worker.workflows import DagRunWorkflow, MappedChunkWorkflow, ScheduledDagWorkflow
 
@@ -72,7 +73,8 @@ async def serve(config: BridgeConfig, lanes: Sequence[str] | None = None) -> Non
     store = LeaseStore(config.lease_dsn)
     catalog = TaskCatalog(config.dags_folder)
     catalog.load()  # on the main thread (see TaskCatalog.load)
-    activities = BridgeActivities(store, catalog, ModeStore(store))
+    watch = TemporalAttemptWatch(client, asyncio.get_running_loop())
+    activities = BridgeActivities(store, catalog, ModeStore(store), watch)
     workers = build_workers(client, config, activities, lanes=lanes)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

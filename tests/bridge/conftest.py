@@ -31,10 +31,12 @@ from bridge.config import BridgeConfig
 from bridge.cutover import ModeStore, migrate_bridge
 from bridge.temporal.client import connect
 from bridge.worker.activities import BridgeActivities
+from bridge.worker.attempt_watch import TemporalAttemptWatch
 from bridge.worker.catalog import TaskCatalog
 from bridge.worker.lanes import build_workers
 
-TEMPORAL_PORT = 27233
+# one dev server per session; another port lets a second session run beside this one
+TEMPORAL_PORT = int(os.environ.get("EO_TEST_TEMPORAL_PORT", "27233"))
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -144,7 +146,8 @@ async def running_worker(
 ) -> AsyncIterator[Client]:
     """In-process workers (one per lane) for the duration of the block; yields the client."""
     client = await connect(config)
-    activities = BridgeActivities(store, catalog or TaskCatalog(), ModeStore(store))
+    watch = TemporalAttemptWatch(client, asyncio.get_running_loop())  # as the worker has
+    activities = BridgeActivities(store, catalog or TaskCatalog(), ModeStore(store), watch)
     workers: list[Worker] = build_workers(client, config, activities)
     runs = [asyncio.create_task(w.run()) for w in workers]
     try:

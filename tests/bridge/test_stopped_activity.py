@@ -1,6 +1,7 @@
 """A bridge activity told to stop (cancelled, worker shutting down) never completes its lease,
 whatever its code returns (issue 16, item 2); a cancelled attempt whose code never checks its
-fence gives its lease up, so a retry takes over (issue 16, item 15).
+fence gives its lease up, so a retry takes over, and so does an attempt Temporal gave up without
+the SDK cancelling it: cut off from the server, or retried elsewhere (issue 16, item 15).
 
 Runs ``bridge.run_task`` in temporalio's ``ActivityEnvironment`` (Temporal's delivery of a
 cancellation or a worker shutdown is the boundary here, not what is tested), on the real lease
@@ -26,6 +27,7 @@ from bridge.cutover import ModeStore
 from bridge.identity import task_lease_key
 from bridge.spec import RunMode, TaskInput, TaskSpec
 from bridge.worker.activities import BridgeActivities
+from bridge.worker.attempt_watch import Attempt
 from bridge.worker.catalog import TaskCatalog
 from tests.airflow.conftest import conn_uri
 
@@ -141,11 +143,29 @@ def test_an_activity_whose_store_blips_at_completion_records_it_and_is_not_run_a
     assert _charges(sink_db) == CUSTOMERS
 
 
-def test_a_cancelled_attempt_that_never_checks_its_fence_lets_a_retry_take_over(
-    lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+class _Watch:
+    """What Temporal answers the heartbeat thread (the server is the boundary here)."""
+
+    def __init__(self, answer: Attempt) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    def ask(self, info: Any) -> Attempt:
+        self.asked += 1
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "given_up",
+    ["cancelled", "cut_off_from_temporal", "retried_elsewhere"],
+)
+def test_an_attempt_temporal_gave_up_that_never_checks_its_fence_lets_a_retry_take_over(
+    given_up: str, lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Temporal gave attempt 1 up, but its code is stuck and never calls ``fence.check()``:
-    without the abandon, attempt 1's keeper renews on and every retry is answered ``held``."""
+    without the abandon, attempt 1's keeper renews on and every retry is answered ``held``.
+    Only ``cancelled`` reaches the code through the SDK; the other two are what the heartbeat
+    thread learns by asking the server (or failing to)."""
     monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
     stuck, release_stuck = threading.Event(), threading.Event()
 
@@ -174,12 +194,15 @@ def test_a_cancelled_attempt_that_never_checks_its_fence_lets_a_retry_take_over(
     first, retry = ActivityEnvironment(), ActivityEnvironment()
     retry.info = dataclasses.replace(retry.info, attempt=2)
     outcomes: list[Any] = []
+    answers = {"cut_off_from_temporal": Attempt.UNKNOWN, "retried_elsewhere": Attempt.GIVEN_UP}
+    watch = _Watch(answers.get(given_up, Attempt.WANTED))
     with LeaseStore(lease_db, horizon_days=4000) as store:
-        activities = BridgeActivities(store, catalog, ModeStore(store))
+        old = BridgeActivities(store, catalog, ModeStore(store), watch)
+        activities = BridgeActivities(store, catalog, ModeStore(store), _Watch(Attempt.WANTED))
 
         def run_first() -> None:
             try:
-                outcomes.append(first.run(activities.run_task, inp))
+                outcomes.append(first.run(old.run_task, inp))
             except BaseException as exc:
                 outcomes.append(exc)
 
@@ -187,7 +210,8 @@ def test_a_cancelled_attempt_that_never_checks_its_fence_lets_a_retry_take_over(
         worker.start()
         try:
             assert stuck.wait(20)
-            first.cancel()
+            if given_up == "cancelled":
+                first.cancel()
             statuses = []
             for _ in range(40):  # the TTL is 3 s: the retry must get the key within it, or so
                 got = retry.run(activities.run_task, inp)
