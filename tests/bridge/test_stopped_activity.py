@@ -42,21 +42,16 @@ def _charges(sink: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-@pytest.mark.parametrize("stop", ["cancel", "worker_shutdown"])
-def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
-    stop: str, lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
-    env = ActivityEnvironment()
-    charged_two = threading.Event()
+def _billing(before_third: Callable[[Fence], None]) -> Callable[[Fence], dict[str, int]]:
+    """A billing body that isolates each customer's errors (so a stop or a refusal is swallowed
+    too) and calls ``before_third`` before the third customer."""
 
     def billing(fence: Fence) -> dict[str, int]:
         charged = 0
         for n, customer in enumerate(CUSTOMERS):
             if n == 2:
-                charged_two.set()
-                assert fence.stop_event.wait(20)  # the heartbeat thread sees the stop
-            try:  # one customer's error must not stop the others: the stop is swallowed too
+                before_third(fence)
+            try:
                 with fence.transaction() as tx:
                     if tx.claim(customer):
                         tx.conn.execute(
@@ -67,6 +62,23 @@ def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
             except Exception:
                 continue
         return {"charged": charged}
+
+    return billing
+
+
+@pytest.mark.parametrize("stop", ["cancel", "worker_shutdown"])
+def test_a_stopped_activity_whose_code_swallows_the_stop_is_not_completed(
+    stop: str, lease_db: str, sink_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
+    env = ActivityEnvironment()
+    charged_two = threading.Event()
+
+    def stopped(fence: Fence) -> None:
+        charged_two.set()
+        assert fence.stop_event.wait(20)  # the heartbeat thread sees the stop
+
+    billing = _billing(stopped)
 
     catalog = TaskCatalog()
     catalog.register(DAG_ID, "charge", billing)
@@ -169,23 +181,12 @@ def test_an_attempt_temporal_gave_up_that_never_checks_its_fence_lets_a_retry_ta
     monkeypatch.setenv("AIRFLOW_CONN_SINK", conn_uri(sink_db))
     stuck, release_stuck = threading.Event(), threading.Event()
 
-    def billing(fence: Fence) -> dict[str, int]:
-        charged = 0
-        for n, customer in enumerate(CUSTOMERS):
-            if n == 2 and fence.attempt == 1:
-                stuck.set()
-                release_stuck.wait(60)  # stuck in a call that never looks at the fence
-            try:
-                with fence.transaction() as tx:
-                    if tx.claim(customer):
-                        tx.conn.execute(
-                            "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
-                            (fence.key, customer, fence.token),
-                        )
-                        charged += 1
-            except Exception:  # the superseded attempt's writes are refused at the fence
-                continue
-        return {"charged": charged}
+    def stuck_in_attempt_one(fence: Fence) -> None:
+        if fence.attempt == 1:
+            stuck.set()
+            release_stuck.wait(60)  # stuck in a call that never looks at the fence
+
+    billing = _billing(stuck_in_attempt_one)
 
     catalog = TaskCatalog()
     catalog.register(DAG_ID, "charge", billing)
