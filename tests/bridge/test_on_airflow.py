@@ -112,7 +112,11 @@ def test_scheduler_killed_while_the_run_works_in_temporal_finishes_once(
     day = airflow.fresh_business_date()
     wid = workflow_id(DAG_ID, day, part="charge")
     address = bridge_on_airflow.temporal_address
-    run_id = airflow.trigger_dag_run(DAG_ID, {"business_date": day, "customers": 30, "delay": 0.3})
+    # the first try's resume waits 20 s before it reports, so it is still there to be killed
+    run_id = airflow.trigger_dag_run(
+        DAG_ID,
+        {"business_date": day, "customers": 30, "delay": 0.3, "first_resume_delay": 20},
+    )
     first = airflow.wait_for_task_processes(DAG_ID, run_id, "charge")
     owner = airflow.scheduler_name(first.scheduler)
     assert owner is not None

@@ -10,7 +10,10 @@ second) unless the environment says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import pendulum
@@ -19,13 +22,35 @@ from billing_charges import charge_customers, customers
 
 from airflow_plugins.lease.fence import Fence
 from airflow_plugins.protection.operators import ExactlyOnceOperator
-from airflow_plugins.protection.routing import register_router
-from bridge.in_airflow.router import BridgeRouter
+from airflow_plugins.protection.routing import ProtectedRun, Route, register_router
+from bridge.in_airflow.router import BridgeRouter, TemporalHandover
 
 os.environ.setdefault("BRIDGE_TEMPORAL_ADDR", "127.0.0.1:27233")
 os.environ.setdefault("BRIDGE_QUEUE_PREFIX", "bridge-e2e")
 os.environ.setdefault("BRIDGE_COMPARE_POLL_S", "1")
-register_router(BridgeRouter())
+
+
+class _SlowFirstResume(TemporalHandover):
+    """Resumes the first try only after the run conf's ``first_resume_delay`` seconds, so a
+    test can kill that resumed try before it reports (the resume is otherwise ~1 s)."""
+
+    def resume(
+        self, operator: Any, context: Mapping[str, Any], run: ProtectedRun, event: Any
+    ) -> Any:
+        if run.try_number == 1:
+            time.sleep(float(run.conf.get("first_resume_delay", 0)))
+        return super().resume(operator, context, run, event)
+
+
+class _TestRouter(BridgeRouter):
+    def route(self, run: ProtectedRun) -> Route:
+        got = super().route(run)
+        if isinstance(got.handover, TemporalHandover) and run.conf.get("first_resume_delay"):
+            return dataclasses.replace(got, handover=_SlowFirstResume())
+        return got
+
+
+register_router(_TestRouter())
 
 
 def charge(fence: Fence, count: int, delay: float, writer: str) -> dict[str, Any]:
