@@ -21,15 +21,11 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from airflow_plugins.lease import (
-    Holder,
+from airflow_plugins.lease import Holder, Lease, LeaseKeeper, LeaseStore, Outcome
+from airflow_plugins.lease.errors import (
     InvalidLeaseInput,
-    Lease,
-    LeaseKeeper,
     LeaseLost,
-    LeaseStore,
     LeaseStoreUnavailable,
-    Outcome,
     StaleToken,
 )
 from airflow_plugins.lease.fence import Fence, FenceStopped
