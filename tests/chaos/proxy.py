@@ -151,6 +151,8 @@ class Proxy:
             self._call(self._close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     # -- on the loop --------------------------------------------------------------------------
 
@@ -213,8 +215,12 @@ class Proxy:
         for server in self._servers:
             server.close()
         for route in self.routes.values():
+            route.flowing.set()
             for link in list(route.links):
                 _abort(link)
+        for server in self._servers:
+            await server.wait_closed()
+        await asyncio.sleep(0.05)  # the pumps see their ends
 
     async def _serve(
         self, route: Route, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
