@@ -8,9 +8,9 @@ and keeps its connections, through the campaign's proxy (tests/chaos/proxy.py).
 
 Fenced mode takes each key's lease through the public API, keeps it renewed, and writes each
 item in its own fenced transaction (skipping items the ledger has), doing the item's work
-inside it, then completes the lease; it retries through store and sink errors, and ends a
-sink call that overruns (a black-holed route, an ambiguous commit) on its own clock, as the
-store does its calls: the ledger then decides. Plain mode is the plugin disabled: every item
+inside it, then completes the lease; it retries through store and sink errors (the store and
+the fence end a call that overruns, a black-holed route or a lost commit answer, on their own
+clock: the ledger then decides). Plain mode is the plugin disabled: every item
 written, no lease, no fence.
 
 The holder publishes its state in shared memory (idle, lease live, sink transaction live;
@@ -93,8 +93,9 @@ def _set(cfg: Config, state: Any, value: int) -> None:
 def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str) -> str:
     holder = Holder.process(cfg.name)
     end = time.monotonic() + cfg.key_deadline
-    # a fenced call's worst case: the advance's two lock waits and an older session's exit
-    bound = 3 * cfg.ttl + 1.0
+    # the fence's own calls and the commit: a black-holed route or a lost commit answer ends
+    # there (the fence's bound, as a task's), and the ledger decides on the retry
+    bound = 2 * cfg.ttl
     while time.monotonic() < end:
         try:
             got = store.acquire(key, holder)
@@ -113,16 +114,14 @@ def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str
                         item = f"item-{n:03d}"
                         conn = sink.connection()
                         try:
-                            with (
-                                WATCHDOG.bound(conn, bound),
-                                fenced_transaction(
-                                    conn,
-                                    key,
-                                    lease.token,
-                                    idle_timeout=cfg.ttl * 2 / 3,
-                                    lock_timeout=cfg.ttl,
-                                ) as tx,
-                            ):
+                            with fenced_transaction(
+                                conn,
+                                key,
+                                lease.token,
+                                idle_timeout=cfg.ttl * 2 / 3,
+                                lock_timeout=cfg.ttl,
+                                call_timeout=bound,
+                            ) as tx:
                                 _set(cfg, state, TX)
                                 if tx.claim(item):
                                     conn.execute(WRITE, (key, item, lease.token, cfg.name))

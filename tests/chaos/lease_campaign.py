@@ -55,7 +55,7 @@ from psycopg import sql
 from airflow_plugins.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from tests.chaos import holder as holder_module
-from tests.chaos.holder import FIELDS, IDLE, TX, Config
+from tests.chaos.holder import FIELDS, IDLE, Config
 from tests.chaos.proxy import Proxy
 from tests.lease.ports import free_port
 
@@ -92,6 +92,8 @@ class Slot:
     pending: list[str] = field(default_factory=list)
     stopped_until: float = 0.0
     lives: int = 0
+    sink_dsn: str = ""  # through the slot's routes of the proxy
+    lease_dsn: str = ""
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Campaign:
     groups: int = 6
     item_sleep: float = 0.02
     gap: tuple[float, float] = (0.02, 0.08)  # seconds between faults
+    kinds: tuple[str, ...] = PROCESS_KINDS + TCP_KINDS  # a regression case may pick a few
+    drain: float = 60.0  # seconds the holders get to finish once the faults end
     server: EmbeddedPostgres | None = None
     server_faults: int = 0
     rng: random.Random = field(init=False)
@@ -119,8 +123,12 @@ class Campaign:
     log: list[dict[str, Any]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
     spawned: int = 0
+    stuck: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(PROCESS_KINDS + TCP_KINDS)
+        if unknown or not self.kinds:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}: {PROCESS_KINDS + TCP_KINDS}")
         self.rng = random.Random(self.seed)
         self.server_at: set[int] = set()  # which faults (by position) restart the server
         self.ctx = multiprocessing.get_context("forkserver")
@@ -141,10 +149,8 @@ class Campaign:
         for index in range(self.groups * self.holders):
             slot = Slot(index, index // self.holders, f"holder-{index:02d}")
             self.slots.append(slot)
-            slot.sink_dsn = self._dsn(self.sink_dsn, f"sink{index}")  # type: ignore[attr-defined]
-            slot.lease_dsn = (  # type: ignore[attr-defined]
-                "" if self.plain else self._dsn(self.lease_dsn, f"store{index}")
-            )
+            slot.sink_dsn = self._dsn(self.sink_dsn, f"sink{index}")
+            slot.lease_dsn = "" if self.plain else self._dsn(self.lease_dsn, f"store{index}")
         for slot in self.slots:
             self.spawn(slot)
 
@@ -153,8 +159,8 @@ class Campaign:
         cfg = Config(
             slot=slot.index,
             name=f"{slot.name}.{slot.lives}",
-            sink_dsn=slot.sink_dsn,  # type: ignore[attr-defined]
-            lease_dsn=slot.lease_dsn,  # type: ignore[attr-defined]
+            sink_dsn=slot.sink_dsn,
+            lease_dsn=slot.lease_dsn,
             items=self.items,
             ttl=self.ttl,
             item_sleep=self.item_sleep,
@@ -229,7 +235,7 @@ class Campaign:
         return KEY.format(self.state[slot.index * FIELDS + 1])
 
     def inject(self) -> None:
-        kind = self.rng.choice(PROCESS_KINDS + TCP_KINDS)
+        kind = self.rng.choice(self.kinds)
         pick, spread = self.rng.random(), self.rng.random()
         if len(self.log) in self.server_at:
             self.restart_server(SERVER_KINDS[int(spread * len(SERVER_KINDS))])
@@ -315,19 +321,22 @@ class Campaign:
             if slot.stopped_until:
                 self.signal(slot, signal.SIGCONT)
                 slot.stopped_until = 0.0
-        end = time.monotonic() + 60
+        end = time.monotonic() + self.drain
         while time.monotonic() < end and (
             set(self.keys) - self.done or any(s.pending for s in self.slots)
         ):
             self.pump(0.2, feed=False)
+        # still working a key long after the faults ended: a try that never ends
+        self.stuck = [slot.name for slot in self.slots if slot.pending]
         for slot in self.slots:
             if slot.pipe is not None:
                 with contextlib.suppress(OSError):
                     slot.pipe.send(None)
+        end = time.monotonic() + 5
         for slot in self.slots:
             if slot.proc is not None:
-                slot.proc.join(5)
-                if slot.proc.is_alive():  # still working after a minute: the probe counts it
+                slot.proc.join(max(0.0, end - time.monotonic()))
+                if slot.proc.is_alive():  # stuck: ended here (the probe then tries its keys)
                     self.signal(slot, signal.SIGKILL)
                     slot.proc.join(5)
         self.admin.close()
@@ -434,6 +443,7 @@ def _campaign(
             "keys": run.keys,
             "faults": run.log,
             "probe": run.probe(),
+            "stuck": run.stuck,
             "seconds": seconds,
         }
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -477,6 +487,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ttl", type=float, default=0.6, help="the holders' lease TTL, seconds")
     parser.add_argument("--groups", type=int, default=6, help="keys worked at once (3 holders)")
     parser.add_argument(
+        "--drain", type=float, default=60.0, help="seconds to finish in once the faults end"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(PROCESS_KINDS + TCP_KINDS),
+        help="the fault kinds to choose from, comma-separated",
+    )
+    parser.add_argument(
         "--private-pg",
         type=int,
         default=0,
@@ -492,8 +510,11 @@ def main(argv: list[str]) -> int:
         private_pg=args.private_pg,
         ttl=args.ttl,
         groups=args.groups,
+        kinds=tuple(args.kinds.split(",")),
+        drain=args.drain,
     )
     bad = verdict["stale_writes_accepted"] + verdict["items_missed"] + verdict["keys_wedged"]
+    bad += verdict["holders_stuck"]
     return int(bool(bad or (verdict["duplicate_effects"] and not args.plain)))
 
 
