@@ -18,6 +18,15 @@ then runs the caller's writes and claims their ledger rows, and commits all of i
   ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default) by older holders (the holder's own
   other transactions, same token, are waited for as long as they run, as any lock is);
 * a taken-over run finds the items already done in the ledger and skips them.
+
+The fence's own statements (its begin and advance, the ledger's claims and reads, the commit
+or rollback) are bounded on the client's clock (``call_timeout``, by the store's
+``call_watchdog``): a route that acknowledges and never answers (a stuck proxy, a commit whose
+answer was lost) would otherwise hold the holder in that call forever, long past its lease,
+where no TCP timeout sees it. Past the bound the connection is ended and the call fails as a
+dropped connection (``psycopg.OperationalError``): the commit's fate is unknown, and a retry
+on a new connection finds the ledger's answer. The body's own statements are not bounded:
+they may rightly run long.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
 
+from airflow_plugins.lease.call_watchdog import WATCHDOG
 from airflow_plugins.lease.errors import FenceBusy, InvalidLeaseInput, StaleToken
 from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.queries import query
@@ -41,6 +51,8 @@ DEFAULT_IDLE_TIMEOUT = 10.0
 DEFAULT_LOCK_TIMEOUT = 5.0
 # how long it then waits for each such session to exit
 TERMINATE_WAIT = 5.0
+# how long each of the fence's own statements (and the commit) may wait for its answer
+DEFAULT_CALL_TIMEOUT = 30.0
 MAX_ITEM_CHARS = 512
 
 
@@ -90,12 +102,18 @@ class FencedWrite:
     """
 
     def __init__(
-        self, conn: psycopg.Connection[Any], key: str, token: int, generation: int = 0
+        self,
+        conn: psycopg.Connection[Any],
+        key: str,
+        token: int,
+        generation: int = 0,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         self.conn = conn
         self.key = key
         self.token = token
         self.generation = generation
+        self.call_timeout = call_timeout
 
     def claim(self, item: str) -> bool:
         """Records ``item`` as done under this key; False means it was done already: skip it."""
@@ -104,20 +122,27 @@ class FencedWrite:
     def claim_many(self, items: Iterable[str]) -> list[str]:
         """Claims many items at once; returns those that were not done yet (write only those)."""
         wanted = [_check_item(i) for i in items]
-        rows = self.conn.execute(
-            query("ledger_claim"),
-            {"key": self.key, "token": self.token, "generation": self.generation, "items": wanted},
-        ).fetchall()
+        with WATCHDOG.bound(self.conn, self.call_timeout):
+            rows = self.conn.execute(
+                query("ledger_claim"),
+                {
+                    "key": self.key,
+                    "token": self.token,
+                    "generation": self.generation,
+                    "items": wanted,
+                },
+            ).fetchall()
         return [row[0] for row in rows]
 
     def done(self, items: Iterable[str]) -> set[str]:
         """The items of ``items`` already done under this key (by any holder)."""
         wanted = [_check_item(i) for i in items]
-        rows = self.conn.execute(
-            query("ledger_done"),
-            {"key": self.key, "generation": self.generation, "items": wanted},
-        )
-        return {row[0] for row in rows.fetchall()}
+        with WATCHDOG.bound(self.conn, self.call_timeout):
+            rows = self.conn.execute(
+                query("ledger_done"),
+                {"key": self.key, "generation": self.generation, "items": wanted},
+            ).fetchall()
+        return {row[0] for row in rows}
 
     def done_items(self) -> list[str]:
         """Every item done under this key by any holder (this transaction's claims included)."""
@@ -137,6 +162,7 @@ def fenced_transaction(
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     generation: int = 0,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
 ) -> Iterator[FencedWrite]:
     """Opens a transaction on the sink connection that only the key's newest holder can commit.
 
@@ -144,7 +170,9 @@ def fenced_transaction(
     older holder still inside its fenced transaction (frozen in a statement) has that session
     ended, and the advance is tried once more. ``generation`` is the lease's
     (``Lease.generation``): an approved re-run claims its items in a new one, so it re-does
-    each effect once.
+    each effect once. The fence's own statements and the commit each wait at most
+    ``call_timeout`` for their answer (the advance ``lock_timeout`` more); past it the
+    connection is ended and ``psycopg.OperationalError`` raised, the commit's fate unknown.
 
     Raises:
         StaleToken: a higher token has already written under ``key``; nothing was written.
@@ -155,8 +183,8 @@ def fenced_transaction(
     check_key(key)
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
-    if idle_timeout <= 0 or lock_timeout <= 0:
-        raise InvalidLeaseInput("idle_timeout and lock_timeout must be positive")
+    if idle_timeout <= 0 or lock_timeout <= 0 or call_timeout <= 0:
+        raise InvalidLeaseInput("idle_timeout, lock_timeout and call_timeout must be positive")
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise InvalidLeaseInput(f"a ledger generation is an integer >= 0, not {generation!r}")
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -172,15 +200,22 @@ def fenced_transaction(
     while True:
         advanced = False
         try:
-            with conn.transaction():
-                row = conn.execute(query("fence_begin"), begin).fetchone()
-                prior = row[0] if row else "0"
-                advance = {"key": key, "token": token, "prior_lock_timeout": prior}
-                if conn.execute(query("fence_advance_bounded"), advance).fetchone() is None:
-                    current = conn.execute(query("fence_current"), {"key": key}).fetchone()
-                    raise StaleToken(key, token, current[0] if current else None)
+            # the commit (or the rollback) is bounded too: entered before the transaction
+            # ends, left after it
+            with ExitStack() as ending, conn.transaction():
+                with WATCHDOG.bound(conn, lock_timeout + call_timeout):
+                    row = conn.execute(query("fence_begin"), begin).fetchone()
+                    prior = row[0] if row else "0"
+                    advance = {"key": key, "token": token, "prior_lock_timeout": prior}
+                    advanced_row = conn.execute(query("fence_advance_bounded"), advance)
+                    if advanced_row.fetchone() is None:
+                        current = conn.execute(query("fence_current"), {"key": key}).fetchone()
+                        raise StaleToken(key, token, current[0] if current else None)
                 advanced = True
-                yield FencedWrite(conn, key, token, generation)
+                try:
+                    yield FencedWrite(conn, key, token, generation, call_timeout)
+                finally:
+                    ending.enter_context(WATCHDOG.bound(conn, call_timeout))
             return
         except psycopg.errors.LockNotAvailable:
             if advanced:

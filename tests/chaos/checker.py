@@ -3,7 +3,9 @@
 It reads the sink's business rows (``effects``: one per item written, with the writer's token,
 in commit order per key, since writes of a key serialise on its fence row), the expected items
 of each key, the campaign's fault log (what was injected, when, at which key) and the probe
-results (a fresh holder process acquiring each key through the public API after the faults).
+results (a fresh holder process acquiring each key through the public API after the faults)
+and the holders still at work a minute after the faults ended (a try that never ends: a user
+sees it running forever).
 It does not import the lease package and never reads the lease store: that is what is under test.
 
     .venv/bin/python -m tests.chaos.checker --sink-dsn URL --log campaign.json
@@ -95,6 +97,7 @@ def check(rows: list[tuple[Any, ...]], log: dict[str, Any]) -> dict[str, Any]:
         stale_writes_accepted=sum(stale.values()),
         items_missed=sum(missed.values()),
         keys_wedged=sum(wedged.values()),
+        holders_stuck=len(log.get("stuck", [])),
         recover_p50_s=_pct(all_recover, 0.5),
         recover_p99_s=_pct(all_recover, 0.99),
         recover_mean_s=round(statistics.fmean(all_recover), 3) if all_recover else None,
@@ -117,7 +120,7 @@ def main(argv: list[str]) -> int:
         print(kind, json.dumps(figures))
     print(json.dumps(report))
     bad = report["stale_writes_accepted"] + report["items_missed"] + report["keys_wedged"]
-    return int(bool(bad or report["duplicate_effects"]))
+    return int(bool(bad or report["duplicate_effects"] or report["holders_stuck"]))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,29 @@
-"""One holder of the campaign (run as a script: a real OS process the campaign can kill).
+"""One holder of the campaign: a real OS process that works the keys it is sent, in turn.
 
-Fenced mode takes the key's lease through the public API, keeps it renewed, and writes each
-item in its own fenced transaction (skipping items the ledger has), then completes the lease;
-it retries through store and sink errors. Plain mode is the plugin disabled: it writes every
-item it is given, no lease, no fence. It prints one JSON line per event (granted, wrote,
-completed, succeeded) so the campaign knows when a lease or a sink transaction is live.
+The campaign forks holders from a fork server that has imported this module (a holder
+replacing a killed one starts in milliseconds, not the third of a second of CPU a Python
+start and its imports cost), and sends each the keys of its group over a pipe; three holders
+of a group work the same keys, as three tries of one task would. A holder lives for many keys
+and keeps its connections, through the campaign's proxy (tests/chaos/proxy.py).
+
+Fenced mode takes each key's lease through the public API, keeps it renewed, and writes each
+item in its own fenced transaction (skipping items the ledger has), doing the item's work
+inside it, then completes the lease; it retries through store and sink errors (the store and
+the fence end a call that overruns, a black-holed route or a lost commit answer, on their own
+clock: the ledger then decides). Plain mode is the plugin disabled: every item
+written, no lease, no fence.
+
+The holder publishes its state in shared memory (idle, lease live, sink transaction live;
+the key's number; its sink session's pid), so the campaign can tell, with the holder stopped,
+whether a fault landed.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
+import dataclasses
+import logging
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psycopg
@@ -25,93 +35,160 @@ from airflow_plugins.lease import (
     LeaseStore,
     Outcome,
     StaleToken,
+    connect_sink,
     fenced_transaction,
 )
+from airflow_plugins.lease.call_watchdog import WATCHDOG
 
 WRITE = "INSERT INTO effects (key, item, token, writer) VALUES (%s, %s, %s, %s)"
+IDLE, LEASE, TX = 0, 1, 2
+FIELDS = 3  # per holder in the shared array: state, key number, sink backend pid
 
 
-def emit(event: str, **fields: Any) -> None:
-    """One JSON line, flushed (the campaign reads it while the holder runs)."""
-    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What one holder is told at its start."""
+
+    slot: int
+    name: str
+    sink_dsn: str
+    lease_dsn: str  # empty: plain (the plugin disabled)
+    items: int
+    ttl: float
+    item_sleep: float
+    key_deadline: float = 60.0
+
+    @property
+    def plain(self) -> bool:
+        """The plugin disabled: no lease, no fence."""
+        return not self.lease_dsn
 
 
-def _plain(args: argparse.Namespace) -> int:
-    with psycopg.connect(args.sink_dsn, autocommit=True, application_name=args.name[-63:]) as conn:
-        emit("granted", token=0)
-        for n in range(args.items):
-            conn.execute(WRITE, (args.key, f"item-{n:03d}", 0, args.name))
-            emit("wrote", item=n)
-            time.sleep(args.item_sleep)
-    emit("completed")
-    return 0
+class Sink:
+    """The holder's sink connection, reopened when it breaks."""
+
+    def __init__(self, cfg: Config, state: Any) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def connection(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.drop()
+            self.conn = connect_sink(self.cfg.sink_dsn, connect_timeout=1.0)
+            self.state[self.cfg.slot * FIELDS + 2] = self.conn.info.backend_pid
+        return self.conn
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self.state[self.cfg.slot * FIELDS + 2] = 0
 
 
-def _fenced_once(store: LeaseStore, args: argparse.Namespace) -> bool:
-    """One lease's worth of work; True once the key is done."""
-    got = store.acquire(args.key, Holder.process(args.name))
-    if got.outcome is Outcome.SUCCEEDED:
-        emit("succeeded")
-        return True
-    if not got.granted:
-        time.sleep(0.1)
-        return False
-    lease = got.lease
-    emit("granted", token=lease.token)
-    # named, so the campaign can find and cut this holder's sink session
-    sink = {"conninfo": args.sink_dsn, "application_name": args.name[-63:]}
-    with LeaseKeeper(store, lease) as keeper, psycopg.connect(**sink) as conn:
-        n = 0
-        while n < args.items:
-            keeper.check()
-            item = f"item-{n:03d}"
-            try:
-                with fenced_transaction(conn, lease.key, lease.token, idle_timeout=1.0) as tx:
-                    if tx.claim(item):
-                        conn.execute(WRITE, (lease.key, item, lease.token, args.name))
-            except psycopg.OperationalError:
-                conn.close()
-                conn = psycopg.connect(**sink)  # fate unknown: the ledger decides
+def _set(cfg: Config, state: Any, value: int) -> None:
+    state[cfg.slot * FIELDS] = value
+
+
+def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str) -> str:
+    holder = Holder.process(cfg.name)
+    end = time.monotonic() + cfg.key_deadline
+    # the fence's own calls and the commit: a black-holed route or a lost commit answer ends
+    # there (the fence's bound, as a task's), and the ledger decides on the retry
+    bound = 2 * cfg.ttl
+    while time.monotonic() < end:
+        try:
+            got = store.acquire(key, holder)
+            if got.outcome is Outcome.SUCCEEDED:
+                return "succeeded"
+            if not got.granted:
+                time.sleep(0.05)
                 continue
-            emit("wrote", item=n)
-            n += 1
-            time.sleep(args.item_sleep)
-    store.complete(lease, {"items": args.items})
-    emit("completed", token=lease.token)
-    return True
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lease-dsn", default="")
-    parser.add_argument("--sink-dsn", required=True)
-    parser.add_argument("--key", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--items", type=int, default=10)
-    parser.add_argument("--ttl", type=float, default=1.5)
-    parser.add_argument("--item-sleep", type=float, default=0.05)
-    parser.add_argument("--plain", action="store_true", help="the plugin disabled")
-    parser.add_argument("--deadline", type=float, default=60.0)
-    args = parser.parse_args(argv)
-    if args.plain:
-        return _plain(args)
-    end = time.monotonic() + args.deadline
-    with LeaseStore(args.lease_dsn, ttl=args.ttl, connect_timeout=1.0, pool_size=2) as store:
-        while time.monotonic() < end:
+            lease = got.lease
+            _set(cfg, state, LEASE)
             try:
-                if _fenced_once(store, args):
-                    return 0
-            except StaleToken:
-                emit("stale")
-                return 5
-            except (LeaseError, psycopg.Error) as exc:
-                emit("retry", detail=str(exc)[:120])
-                time.sleep(0.1)
-    emit("gave_up")
-    return 7
+                with LeaseKeeper(store, lease) as keeper:
+                    n = 0
+                    while n < cfg.items:
+                        keeper.check()
+                        item = f"item-{n:03d}"
+                        conn = sink.connection()
+                        try:
+                            with fenced_transaction(
+                                conn,
+                                key,
+                                lease.token,
+                                idle_timeout=cfg.ttl * 2 / 3,
+                                lock_timeout=cfg.ttl,
+                                call_timeout=bound,
+                            ) as tx:
+                                _set(cfg, state, TX)
+                                if tx.claim(item):
+                                    conn.execute(WRITE, (key, item, lease.token, cfg.name))
+                                time.sleep(cfg.item_sleep)  # the item's work, inside it
+                        except psycopg.OperationalError:
+                            sink.drop()  # fate unknown: the ledger decides on the retry
+                            continue
+                        finally:
+                            _set(cfg, state, LEASE)
+                        n += 1
+                store.complete(lease, {"items": cfg.items})
+                return "completed"
+            finally:
+                _set(cfg, state, IDLE)
+        except StaleToken:
+            time.sleep(0.05)  # superseded: the acquire tells what became of the key
+        except (LeaseError, psycopg.Error):
+            sink.drop()
+            time.sleep(0.05)
+    return "gave_up"
 
 
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    os._exit(code)
+def _plain_key(sink: Sink, cfg: Config, state: Any, key: str) -> str:
+    _set(cfg, state, LEASE)  # "live": writing
+    try:
+        n = 0
+        while n < cfg.items:
+            try:
+                conn = sink.connection()
+                with WATCHDOG.bound(conn, 2.0), conn.transaction():
+                    _set(cfg, state, TX)
+                    conn.execute(WRITE, (key, f"item-{n:03d}", 0, cfg.name))
+                    time.sleep(cfg.item_sleep)
+            except psycopg.Error:
+                sink.drop()
+                time.sleep(0.05)
+                continue
+            finally:
+                _set(cfg, state, LEASE)
+            n += 1
+        return "completed"
+    finally:
+        _set(cfg, state, IDLE)
+
+
+def serve(cfg: Config, pipe: Connection, state: Any) -> None:
+    """Works each (key, number) received until told None; answers (key, outcome) for each."""
+    # the keeper's and the fence's warnings would flood the campaign's output: the checker
+    # judges the outcome from the sink
+    logging.disable(logging.CRITICAL)
+    sink = Sink(cfg, state)
+    store = None
+    if not cfg.plain:
+        store = LeaseStore(
+            cfg.lease_dsn, ttl=cfg.ttl, connect_timeout=1.0, call_timeout=cfg.ttl, pool_size=2
+        )
+    while True:
+        try:
+            got = pipe.recv()
+        except EOFError:
+            return
+        if got is None:
+            return
+        key, number = got
+        state[cfg.slot * FIELDS + 1] = number
+        if store is None:
+            outcome = _plain_key(sink, cfg, state, key)
+        else:
+            outcome = _fenced_key(store, sink, cfg, state, key)
+        pipe.send((key, outcome))

@@ -1,13 +1,25 @@
-"""The lease-level fault campaign: many holder processes, a seeded schedule of faults.
+"""The lease-level fault campaign: long-lived holder processes, a seeded schedule of faults.
 
-Keys are worked by several holder processes each (tests/chaos/holder.py), through a lease store
-and a sink database of the campaign's own on the local Postgres. A seed chooses the faults, their
-order, their targets (by position among the live holders) and their timing: SIGKILL (the killed
-holder is started again, as Airflow retries a task), SIGSTOP then SIGCONT within the lease and
-past it, the holder's sink session cut (pg_terminate_backend). A fault counts as landed when its
-holder held a lease (or, disabled, was writing) at the time; a cut, when the session was inside a
-transaction. Then a fresh holder acquires every key through the public API (a wedged key is
-still held after two lease lifetimes), and the independent checker judges the sink.
+Holder processes (tests/chaos/holder.py, forked from a fork server that has imported it) work
+keys in groups of three, one key after another, through a lease store and a sink database of
+the campaign's own, each holder reaching Postgres through the campaign's proxy
+(tests/chaos/proxy.py). A seed chooses the faults, their order, their targets (by position
+among the running holders, a live lease preferred) and their timing:
+
+* process faults: SIGKILL (the killed holder is replaced, as Airflow retries a task), SIGSTOP
+  then SIGCONT within the lease and past it, the holder's sink session ended
+  (``pg_terminate_backend``);
+* TCP faults on the holder's route to the store or to the sink: black-holed (nothing
+  forwarded, sockets open, then healed), reset (both sides closed), slowed (each chunk
+  delayed), and an ambiguous commit (the commit reaches the server, its answer is dropped);
+* with ``--private-pg N``: the one server holding store and sink restarted, or crashed
+  (immediate stop, crash recovery), at most N times (they cost seconds each).
+
+A fault counts as landed when it hit while the holder had a lease or a sink transaction live
+(read from the holder's shared state while it is stopped, for a signal; when it fired, for an
+ambiguous commit; in the session's own row, for a cut). Then a fresh holder acquires every key
+through the public API (a wedged key is still held after two lease lifetimes), and the
+independent checker judges the sink.
 
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 10000
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --plain   # no plugin
@@ -21,9 +33,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +45,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -40,43 +54,46 @@ from psycopg import sql
 
 from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
+from tests.chaos import holder as holder_module
+from tests.chaos.holder import FIELDS, IDLE, Config
+from tests.chaos.proxy import Proxy
 from tests.lease.ports import free_port
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-HOLDER = [sys.executable, "-m", "tests.chaos.holder"]
 EFFECTS = """
 CREATE TABLE effects (
     id bigserial PRIMARY KEY, key text NOT NULL, item text NOT NULL, token bigint NOT NULL,
     writer text NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())
 """
-KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease", "sink_cut")
-# with --private-pg: the one server holding the store and the sink restarted, or crashed
-# (an immediate stop, then crash recovery); capped per run, they cost seconds each
+PROCESS_KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease", "sink_cut")
+TCP_KINDS = tuple(
+    f"{route}_{fault}"
+    for route in ("store", "sink")
+    for fault in ("blackhole", "reset", "slow", "ambiguous_commit")
+)
+# with --private-pg: capped per run, they cost seconds each
 SERVER_KINDS = ("store_restart", "store_crash")
 CUT = """
-SELECT pid, xact_start IS NOT NULL FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = %s
+SELECT xact_start IS NOT NULL, pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE pid = %s AND datname = current_database()
 """
+KEY = "chaos_billing/charge/2026-12-01/run-{:05d}"
 
 
-@dataclass
-class Proc:
-    """One holder process and the file its events go to."""
+@dataclass(eq=False)
+class Slot:
+    """One holder's place: its process (replaced when killed) and the keys it was sent."""
 
-    key: str
+    index: int
+    group: int
     name: str
-    popen: subprocess.Popen[bytes]
-    out: Path  # the holder's own file (a shared descriptor would share its offset)
+    proc: BaseProcess | None = None
+    pipe: multiprocessing.connection.Connection | None = None
+    pending: list[str] = field(default_factory=list)
     stopped_until: float = 0.0
-
-    def events(self) -> list[str]:
-        lines = self.out.read_text().splitlines()
-        return [json.loads(line)["event"] for line in lines if line.endswith("}")]
-
-    def live_lease(self) -> bool:
-        """Holds a lease (or, disabled, is writing) now."""
-        seen = self.events()
-        return "granted" in seen and not {"completed", "succeeded"} & set(seen[-1:])
+    lives: int = 0
+    sink_dsn: str = ""  # through the slot's routes of the proxy
+    lease_dsn: str = ""
 
 
 @dataclass
@@ -88,135 +105,241 @@ class Campaign:
     plain: bool
     lease_dsn: str
     sink_dsn: str
+    proxy: Proxy
     holders: int = 3
     items: int = 8
-    ttl: float = 1.5
-    width: int = 4
-    tmp: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="chaos-"))
+    ttl: float = 0.6
+    groups: int = 6
+    item_sleep: float = 0.02
+    gap: tuple[float, float] = (0.02, 0.08)  # seconds between faults
+    kinds: tuple[str, ...] = PROCESS_KINDS + TCP_KINDS  # a regression case may pick a few
+    drain: float = 60.0  # seconds the holders get to finish once the faults end
     server: EmbeddedPostgres | None = None
-    server_faults_left: int = 0
+    server_faults: int = 0
     rng: random.Random = field(init=False)
-    procs: list[Proc] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
     keys: dict[str, list[str]] = field(default_factory=dict)
+    current: dict[int, str] = field(default_factory=dict)  # group -> its key in work
     log: list[dict[str, Any]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
+    spawned: int = 0
+    stuck: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(PROCESS_KINDS + TCP_KINDS)
+        if unknown or not self.kinds:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}: {PROCESS_KINDS + TCP_KINDS}")
         self.rng = random.Random(self.seed)
+        self.server_at: set[int] = set()  # which faults (by position) restart the server
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["tests.chaos.holder"])
+        n = self.groups * self.holders
+        self.state: Any = self.ctx.RawArray("l", n * FIELDS)
+        self.admin = psycopg.connect(self.sink_dsn, autocommit=True)
 
-    def start(self, key: str, name: str) -> None:
-        fd, path = tempfile.mkstemp(prefix="chaos-holder-", suffix=".jsonl", dir=self.tmp)
-        out = os.fdopen(fd, "w")
-        args = [
-            *HOLDER,
-            "--sink-dsn",
-            self.sink_dsn,
-            "--key",
-            key,
-            "--name",
-            name,
-            "--items",
-            str(self.items),
-            "--ttl",
-            str(self.ttl),
-        ]
-        args += ["--plain"] if self.plain else ["--lease-dsn", self.lease_dsn]
-        popen = subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL)
-        out.close()
-        self.procs.append(Proc(key, name, popen, Path(path)))
+    # -- holders ------------------------------------------------------------------------------
 
-    def new_key(self) -> None:
-        key = f"chaos_billing/charge/2026-12-01/run-{len(self.keys):05d}"
+    def _dsn(self, dsn: str, route: str) -> str:
+        port = self.proxy.add_route(route, autocommit=route.startswith("store"))
+        parts = psycopg.conninfo.conninfo_to_dict(dsn)
+        parts.update(host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable")
+        return psycopg.conninfo.make_conninfo(**parts)
+
+    def setup(self) -> None:
+        for index in range(self.groups * self.holders):
+            slot = Slot(index, index // self.holders, f"holder-{index:02d}")
+            self.slots.append(slot)
+            slot.sink_dsn = self._dsn(self.sink_dsn, f"sink{index}")
+            slot.lease_dsn = "" if self.plain else self._dsn(self.lease_dsn, f"store{index}")
+        for slot in self.slots:
+            self.spawn(slot)
+
+    def spawn(self, slot: Slot) -> None:
+        """Starts (or replaces) the slot's process and sends it the keys it has not done."""
+        cfg = Config(
+            slot=slot.index,
+            name=f"{slot.name}.{slot.lives}",
+            sink_dsn=slot.sink_dsn,
+            lease_dsn=slot.lease_dsn,
+            items=self.items,
+            ttl=self.ttl,
+            item_sleep=self.item_sleep,
+        )
+        slot.lives += 1
+        ours, theirs = self.ctx.Pipe()
+        base = slot.index * FIELDS
+        self.state[base] = self.state[base + 2] = 0
+        proc = self.ctx.Process(target=holder_module.serve, args=(cfg, theirs, self.state))
+        proc.daemon = True
+        proc.start()
+        theirs.close()
+        slot.proc, slot.pipe, slot.stopped_until = proc, ours, 0.0
+        self.spawned += 1
+        for key in slot.pending:
+            ours.send((key, self.number(key)))
+
+    def number(self, key: str) -> int:
+        return int(key.rsplit("-", 1)[1])
+
+    def send(self, slot: Slot, key: str) -> None:
+        slot.pending.append(key)
+        assert slot.pipe is not None
+        with contextlib.suppress(OSError):
+            slot.pipe.send((key, self.number(key)))
+
+    def new_key(self, group: int) -> None:
+        key = KEY.format(len(self.keys))
         self.keys[key] = [f"item-{n:03d}" for n in range(self.items)]
-        for h in range(self.holders):
-            self.start(key, f"{key}#{h}")
+        self.current[group] = key
+        for slot in self.slots[group * self.holders : (group + 1) * self.holders]:
+            self.send(slot, key)
 
-    def reap(self) -> None:
+    def pump(self, timeout: float, *, feed: bool = True) -> None:
+        """Reads holders' answers for up to ``timeout`` s; resumes stopped holders when due."""
         now = time.monotonic()
-        for proc in self.procs:
-            if proc.stopped_until and now >= proc.stopped_until:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.popen.send_signal(signal.SIGCONT)
-                proc.stopped_until = 0.0
-        alive = []
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                alive.append(proc)
-            elif {"completed", "succeeded"} & set(proc.events()):
-                self.done.add(proc.key)
-        for proc in self.procs:
-            if proc not in alive:
-                proc.out.unlink(missing_ok=True)
-        self.procs = alive
-        for key in self.keys:
-            if key not in self.done and not any(p.key == key for p in self.procs):
-                self.start(key, f"{key}#r{self.rng.randrange(10**6)}")  # all died: retried
+        for slot in self.slots:
+            if slot.stopped_until and now >= slot.stopped_until:
+                self.signal(slot, signal.SIGCONT)
+                slot.stopped_until = 0.0
+        pipes = {slot.pipe: slot for slot in self.slots if slot.pipe is not None}
+        due = [s.stopped_until for s in self.slots if s.stopped_until]
+        if due:
+            timeout = max(0.0, min(timeout, min(due) - now))
+        for pipe in multiprocessing.connection.wait(list(pipes), timeout):
+            slot = pipes[pipe]  # type: ignore[index]
+            try:
+                while pipe.poll():  # type: ignore[union-attr]
+                    key, outcome = pipe.recv()  # type: ignore[union-attr]
+                    with contextlib.suppress(ValueError):
+                        slot.pending.remove(key)
+                    if outcome in ("completed", "succeeded"):
+                        self.done.add(key)
+            except (EOFError, OSError):
+                self.spawn(slot)  # died on its own: started again, as a retry
+        if feed:
+            for group in range(self.groups):
+                if self.current.get(group) in self.done or group not in self.current:
+                    self.new_key(group)
+
+    def signal(self, slot: Slot, sig: int) -> None:
+        if slot.proc is not None and slot.proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.proc.pid, sig)
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def live(self, slot: Slot) -> bool:
+        return bool(self.state[slot.index * FIELDS] != IDLE)
+
+    def key_of(self, slot: Slot) -> str:
+        return KEY.format(self.state[slot.index * FIELDS + 1])
 
     def inject(self) -> None:
-        kind = self.rng.choice(KINDS + (SERVER_KINDS if self.server else ()))
-        if kind in SERVER_KINDS:
-            if self.server is None or self.server_faults_left <= 0:
-                kind = KINDS[self.rng.randrange(len(KINDS))]
-            else:
-                self.server_faults_left -= 1
-                self.restart_server(kind)
-                return
-        pick = self.rng.random()
-        pause = self.rng.uniform(0.2, 0.6) * self.ttl
-        if kind == "sigstop_past_lease":
-            pause = self.ttl * self.rng.uniform(1.5, 2.5)
-        running = sorted((p for p in self.procs if not p.stopped_until), key=lambda p: p.name)
-        # aimed at a live lease (or live writes) when there is one, else at any holder
-        targets = [p for p in running if p.live_lease()] or running
+        kind = self.rng.choice(self.kinds)
+        pick, spread = self.rng.random(), self.rng.random()
+        if len(self.log) in self.server_at:
+            self.restart_server(SERVER_KINDS[int(spread * len(SERVER_KINDS))])
+            return
+        if self.plain and kind.startswith("store_"):
+            kind = "sink_" + kind.removeprefix("store_")  # no store: its route's fault at the sink
+        running = [s for s in self.slots if not s.stopped_until]
+        targets = [s for s in running if self.live(s)] or running
         if not targets:
             return
-        proc = targets[int(pick * len(targets))]
-        landed = proc.live_lease()
-        try:
-            if kind == "sink_cut":
-                landed = self.cut(proc)
-            elif kind == "sigkill":
-                proc.popen.kill()
-                self.start(proc.key, f"{proc.name}+")  # the retry of the killed try
-            else:
-                proc.popen.send_signal(signal.SIGSTOP)
-                proc.stopped_until = time.monotonic() + pause
-        except ProcessLookupError:
-            landed = False
-        self.log.append({"kind": kind, "key": proc.key, "t": time.time(), "landed": landed})
+        slot = targets[int(pick * len(targets))]
+        entry: dict[str, Any] = {"kind": kind, "key": self.key_of(slot), "t": time.time()}
+        entry["landed"] = self.hit(kind, slot, spread, entry)
+        self.log.append(entry)
+
+    def hit(self, kind: str, slot: Slot, spread: float, entry: dict[str, Any]) -> bool:
+        """Injects ``kind`` at ``slot``; True when it landed (False: may land later)."""
+        ttl = self.ttl
+        if kind == "sigkill":
+            self.signal(slot, signal.SIGSTOP)  # frozen: its state tells whether it held
+            landed = self.live(slot)
+            self.signal(slot, signal.SIGKILL)
+            if slot.proc is not None:
+                slot.proc.join(5)
+            self.spawn(slot)  # the retry of the killed try
+            return landed
+        if kind.startswith("sigstop"):
+            self.signal(slot, signal.SIGSTOP)
+            within = kind == "sigstop_within_lease"
+            pause = ttl * (0.2 + 0.4 * spread if within else 1.5 + spread)
+            slot.stopped_until = time.monotonic() + pause
+            return self.live(slot)
+        if kind == "sink_cut":
+            pid = self.state[slot.index * FIELDS + 2]
+            rows = self.admin.execute(CUT, (pid,)).fetchall() if pid else []
+            return any(in_transaction for in_transaction, _ in rows)
+        route_kind, fault = kind.split("_", 1)
+        route = f"{route_kind}{slot.index}"
+        landed = self.live(slot)
+        if fault == "blackhole":
+            self.proxy.blackhole(route, ttl * (0.5 + 2 * spread))
+        elif fault == "reset":
+            landed = self.proxy.reset(route) > 0 and landed
+        elif fault == "slow":
+            self.proxy.slow(route, ttl * (0.02 + 0.2 * spread), ttl * (1 + 2 * spread))
+        else:  # ambiguous_commit: landed when it fires within a lease or a sink transaction
+
+            def fired() -> None:
+                entry["landed"] = self.live(slot)
+                entry["fired"] = time.time()
+
+            self.proxy.arm_ambiguous(route, fired, 2 * ttl)
+            return False
+        return landed
 
     def restart_server(self, kind: str) -> None:
         """Restarts (or crashes and recovers) the private server under the holders."""
         assert self.server is not None
-        live = [p.key for p in self.procs if p.live_lease()]
+        live = [self.key_of(s) for s in self.slots if self.live(s)]
         at = time.time()
+        self.admin.close()
         self.server.restart("fast" if kind == "store_restart" else "immediate")
+        self.admin = psycopg.connect(self.sink_dsn, autocommit=True)
         key = live[0] if live else next(iter(self.keys))
         self.log.append({"kind": kind, "key": key, "t": at, "landed": bool(live)})
 
-    def cut(self, proc: Proc) -> bool:
-        """Ends the holder's sink session; True when it was inside a transaction."""
-        with psycopg.connect(self.sink_dsn, autocommit=True) as conn:
-            rows = conn.execute(CUT, (proc.name[-63:],)).fetchall()
-            for pid, _ in rows:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        return any(in_transaction for _, in_transaction in rows)
+    # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> None:
+        if self.server is not None and self.server_faults > 0:
+            # spread over the run, at positions the seed chooses
+            count = min(self.server_faults, self.faults)
+            self.server_at = set(self.rng.sample(range(self.faults), count))
+        self.setup()
+        self.pump(0)
         while len(self.log) < self.faults:
-            self.reap()
-            while sum(1 for k in self.keys if k not in self.done) < self.width:
-                self.new_key()
-            time.sleep(self.rng.uniform(0.05, 0.25))
+            end = time.monotonic() + self.rng.uniform(*self.gap)
+            while (left := end - time.monotonic()) > 0:
+                self.pump(left)
             self.inject()
-        end = time.monotonic() + 60
-        while self.procs and time.monotonic() < end:
-            self.reap()
-            time.sleep(0.05)
-        for proc in self.procs:  # still running after a minute: counted by the probe
-            proc.popen.send_signal(signal.SIGCONT)
-            proc.popen.kill()
-            proc.popen.wait()
+        self.proxy.heal_all()
+        for slot in self.slots:
+            if slot.stopped_until:
+                self.signal(slot, signal.SIGCONT)
+                slot.stopped_until = 0.0
+        end = time.monotonic() + self.drain
+        while time.monotonic() < end and (
+            set(self.keys) - self.done or any(s.pending for s in self.slots)
+        ):
+            self.pump(0.2, feed=False)
+        # still working a key long after the faults ended: a try that never ends
+        self.stuck = [slot.name for slot in self.slots if slot.pending]
+        for slot in self.slots:
+            if slot.pipe is not None:
+                with contextlib.suppress(OSError):
+                    slot.pipe.send(None)
+        end = time.monotonic() + 5
+        for slot in self.slots:
+            if slot.proc is not None:
+                slot.proc.join(max(0.0, end - time.monotonic()))
+                if slot.proc.is_alive():  # stuck: ended here (the probe then tries its keys)
+                    self.signal(slot, signal.SIGKILL)
+                    slot.proc.join(5)
+        self.admin.close()
 
     def probe(self) -> dict[str, str]:
         """A fresh holder acquires each key through the public API; 'held' at the end = wedged."""
@@ -225,16 +348,18 @@ class Campaign:
         outcomes: dict[str, str] = {}
         with LeaseStore(self.lease_dsn, ttl=self.ttl) as store:
             holder = Holder.process("chaos-probe")
-            for key in self.keys:
-                end = time.monotonic() + 2 * self.ttl + 1
-                while True:
-                    got = store.acquire(key, holder)
-                    if got.outcome is not Outcome.HELD or time.monotonic() > end:
-                        break
-                    time.sleep(0.2)
-                if got.granted:
-                    store.release(got.lease, "chaos probe")
-                outcomes[key] = "granted" if got.granted else str(got.outcome)
+            left = list(self.keys)
+            end = time.monotonic() + 2 * self.ttl + 1
+            while left:
+                for start in range(0, len(left), 500):
+                    for got in store.acquire_many(left[start : start + 500], holder):
+                        if got.granted:
+                            store.release(got.lease, "chaos probe")
+                        outcomes[got.key] = "granted" if got.granted else str(got.outcome)
+                left = [key for key in left if outcomes[key] == Outcome.HELD]
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.2)
         return outcomes
 
 
@@ -263,6 +388,7 @@ def campaign(
     plain: bool,
     admin_dsn: str = ADMIN_DSN,
     private_pg: int = 0,
+    **options: Any,
 ) -> dict[str, Any]:
     """Runs one campaign and returns the checker's verdict (also printed, last line JSON).
 
@@ -273,14 +399,15 @@ def campaign(
         admin_dsn: the server the campaign's databases are made on.
         private_pg: when > 0, a private server of the campaign's own instead, restarted or
             crashed at most that many times.
+        options: Campaign fields (ttl, groups, items, ...).
     """
     if private_pg <= 0:
-        return _campaign(seed, faults, plain, admin_dsn, None, 0)
+        return _campaign(seed, faults, plain, admin_dsn, None, 0, options)
     datadir = Path(tempfile.gettempdir()) / f"eo-chaos-{uuid.uuid4().hex[:8]}"
     server = EmbeddedPostgres(free_port(), datadir=datadir)
     server.start()
     try:
-        return _campaign(seed, faults, plain, server.dsn(), server, private_pg)
+        return _campaign(seed, faults, plain, server.dsn(), server, private_pg, options)
     finally:
         server.destroy()
 
@@ -292,26 +419,32 @@ def _campaign(
     admin_dsn: str,
     server: EmbeddedPostgres | None,
     server_faults: int,
+    options: dict[str, Any],
 ) -> dict[str, Any]:
+    upstream = psycopg.conninfo.conninfo_to_dict(admin_dsn)
     with databases(admin_dsn) as (lease_dsn, sink_dsn):
         migrate(lease_dsn)
         migrate(sink_dsn, SINK_FENCE)
         with psycopg.connect(sink_dsn, autocommit=True) as conn:
             conn.execute(EFFECTS)
-        run = Campaign(seed, faults, plain, lease_dsn, sink_dsn)
-        run.server, run.server_faults_left = server, server_faults
+        proxy = Proxy(str(upstream.get("host", "127.0.0.1")), int(upstream.get("port", 5432)))
+        proxy.start()
+        run = Campaign(seed, faults, plain, lease_dsn, sink_dsn, proxy, **options)
+        run.server, run.server_faults = server, server_faults
         started = time.monotonic()
         try:
             run.run()
         finally:
-            shutil.rmtree(run.tmp, ignore_errors=True)
+            proxy.stop()
+        seconds = round(time.monotonic() - started, 1)
         log = {
             "mode": "plain" if plain else "fenced",
             "seed": seed,
             "keys": run.keys,
             "faults": run.log,
             "probe": run.probe(),
-            "seconds": round(time.monotonic() - started, 1),
+            "stuck": run.stuck,
+            "seconds": seconds,
         }
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(log, f)
@@ -336,7 +469,11 @@ def _campaign(
     if not checked.stdout.strip():
         raise RuntimeError(f"the checker printed nothing:\n{checked.stderr}")
     verdict: dict[str, Any] = json.loads(checked.stdout.strip().splitlines()[-1])
-    verdict["seconds"] = log["seconds"]
+    verdict.update(
+        seconds=seconds,
+        faults_per_second=round(len(run.log) / seconds, 2),
+        holder_processes=run.spawned,
+    )
     print(json.dumps(verdict))
     return verdict
 
@@ -347,6 +484,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--faults", type=int, default=10000)
     parser.add_argument("--plain", action="store_true", help="holders without lease and fence")
     parser.add_argument("--dsn", default=os.environ.get("CHAOS_ADMIN_DSN", ADMIN_DSN))
+    parser.add_argument("--ttl", type=float, default=0.6, help="the holders' lease TTL, seconds")
+    parser.add_argument("--groups", type=int, default=6, help="keys worked at once (3 holders)")
+    parser.add_argument(
+        "--drain", type=float, default=60.0, help="seconds to finish in once the faults end"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(PROCESS_KINDS + TCP_KINDS),
+        help="the fault kinds to choose from, comma-separated",
+    )
     parser.add_argument(
         "--private-pg",
         type=int,
@@ -356,9 +503,18 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     verdict = campaign(
-        args.seed, args.faults, plain=args.plain, admin_dsn=args.dsn, private_pg=args.private_pg
+        args.seed,
+        args.faults,
+        plain=args.plain,
+        admin_dsn=args.dsn,
+        private_pg=args.private_pg,
+        ttl=args.ttl,
+        groups=args.groups,
+        kinds=tuple(args.kinds.split(",")),
+        drain=args.drain,
     )
     bad = verdict["stale_writes_accepted"] + verdict["items_missed"] + verdict["keys_wedged"]
+    bad += verdict["holders_stuck"]
     return int(bool(bad or (verdict["duplicate_effects"] and not args.plain)))
 
 
