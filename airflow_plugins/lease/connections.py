@@ -91,7 +91,7 @@ class StoreConnections:
         self._kept_lock = threading.Lock()
         self._warming = threading.Event()
         self._pool_size = pool_size
-        # made on first use: a short try never needs it (0.25 ms of CPU in a task process)
+        # made on first use: a short try never needs it, and making it costs CPU in the try
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
 
