@@ -89,8 +89,8 @@ OPTIONS: dict[str, Option] = {
 }
 
 
-# Airflow's own lookup walks environment, commands, secrets, the file and the defaults: about
-# 60 us an option, and a protected try reads ten of them. The environment variable, which wins
+# Airflow's own lookup walks environment, commands, secrets, the file and the defaults for each
+# option, and a protected try reads ten of them. The environment variable, which wins
 # over everything, is read directly each time; the rest is looked up once per process and kept
 # for CONF_CACHE_SECONDS (a ``_secret`` or ``_cmd`` option that rotates is seen after that).
 CONF_CACHE_SECONDS = 60.0
