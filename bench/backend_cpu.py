@@ -3,18 +3,11 @@
     .venv/bin/python bench/backend_cpu.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
                                           [--tries 200]
 
-A task process opens one connection to the lease store, so each protected try is a new server
-backend: its start, the warm-up (``LeaseStore.warm_up``, run by
-``airflow_plugins.protection.connection_warmup`` while Airflow prepares the task), the acquire and
-the complete. This bench makes that try ``--tries`` times through ``LeaseStore`` itself, each on a
-new connection and a new key, and reads the backend's CPU (``/proc/<pid>/schedstat``, the kernel's
-run time of the process) after each step. Side by side, interleaved, the same try without the
-warm-up: the warm-up moves work off the try's path, and this shows what that costs the server in
-all.
-
-The server must run on this host, with its processes' ``/proc`` readable (root, or its user).
-It creates its own database on the server (dropped at the end). The last line of stdout is one
-JSON object with the medians in ms.
+Each try is made through ``LeaseStore`` on a new connection and key, as a task process's one
+connection is a new backend, and the backend's CPU (``/proc/<pid>/schedstat``) is read after
+each step: its start, the warm-up, the acquire, the complete; interleaved, the same try without
+the warm-up. The server must run on this host with its ``/proc`` readable; the bench makes and
+drops its own database. The last line of stdout is one JSON object with the medians in ms.
 """
 
 from __future__ import annotations

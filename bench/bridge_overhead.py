@@ -2,19 +2,12 @@
 
     python bench/bridge_overhead.py [--n 300] [--address 127.0.0.1:27233]
 
-Without ``--address`` it starts its own Temporal dev server (offline, ports 27300-27303) and a
-lease store database on the local Postgres (``EXACTLY_ONCE_TEST_PG``). For the same trivial
-workflow (one no-op task), it interleaves, in one run:
-
-* raw: ``client.start_workflow(DagRunWorkflow.run, ..., id=<new id>)``;
-* bridge: ``Handover.start_or_attach(spec, business_date)`` (key, lease check, size check,
-  start or attach), each for a new DAG id so every call starts an execution.
-
-Latency is measured one call at a time (what one Airflow try pays); rate with ``--concurrency``
-calls in flight.
-
-No worker runs: only the start path is measured. Prints p50/p99 latency and rate for both; the
-last line is one JSON object. Targets: handover adds <= 10 ms at p50; rate >= 0.9x raw.
+For the same trivial workflow, it interleaves ``client.start_workflow(DagRunWorkflow.run, ...)``
+with ``Handover.start_or_attach(spec, business_date)`` (key, lease check, size check, start or
+attach), each for a new DAG id; latency one call at a time, rate with ``--concurrency`` calls in
+flight; no worker runs. Without ``--address`` it starts its own Temporal dev server (offline,
+ports 27300-27303) and a lease store database on the local Postgres (``EXACTLY_ONCE_TEST_PG``).
+The last line is one JSON object. Targets: handover adds <= 10 ms at p50; rate >= 0.9x raw.
 """
 
 from __future__ import annotations

@@ -3,22 +3,12 @@
     .venv/bin/python bench/lease_throughput.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
                                                [--quick] [--seconds 5] [--rows 10000000]
 
-It creates its own database on the server (dropped at the end), checks that the tables are
-logged and ``synchronous_commit`` is on, and measures with the same client code (psycopg 3,
-one connection per client process, autocommit: one round trip and one commit per operation):
-
-* ``select1``: bare ``SELECT 1`` round trips (the floor: network + driver);
-* ``upsert``: a bare durable single-row upsert (one commit, one WAL flush);
-* ``lease``: lease state changes through ``LeaseStore`` (acquire, then complete: each a row
-  change plus its audit row, one commit), and ``lease_sql``: the same SQL without the Python
-  layer;
-* at 1 and 4 clients; acquire+complete cycles/s are half the ``lease`` rate at 4 clients;
-* ``batch``: ``acquire_many`` of many keys in one round trip (leases/s);
-* acquire latency (one client, sequential, the two databases sampled in turn) for new keys and
-  year-old succeeded keys, in a database of 10k lease rows and one of 10M (``--quick``: 200k).
-
-Progress goes to stderr; the last line of stdout is one JSON object with every figure, ratio
-and target.
+In its own database (dropped at the end), with logged tables and ``synchronous_commit`` on, the
+same client code (psycopg 3, one connection per client process, autocommit) measures bare
+round trips, a bare durable upsert and the lease state changes, at 1 and 4 clients, batch
+acquires, and acquire latency in a small and a large lease table. Progress goes to stderr; the
+last line of stdout is one JSON object with every figure, ratio and target. What each figure
+is: docs/benchmarks.md, "Lease throughput".
 """
 
 from __future__ import annotations

@@ -1,82 +1,14 @@
 """What the plugin costs a task, measured on a real Airflow 3.3 stack in one run.
 
-    .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--port-base 26100]
-                                                [--admin-dsn
-                                                postgresql://postgres@127.0.0.1:5432/postgres]
-                                                [--parallelism 8] [--schedulers 1] [--pgbouncer |
-                                                --agent] [--min-heartbeat-interval 1] [--profile
-                                                DIR]
+    .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--parallelism 8]
+                                                [--pgbouncer | --agent] [--profile DIR]
 
-It starts one Airflow stack (``--schedulers`` schedulers with LocalExecutor, default one;
-api-server, dag-processor, triggerer; ports ``--port-base`` .. +7) on fresh databases of the
-given server (metadata and lease store, dropped at the end), with two DAGs of the same mapped
-no-op task (``bench/operator_overhead_dags``): ``eo_bench_protected`` (the plugin enabled) and
-``eo_bench_plain`` (the plugin's ``enabled`` switch off in its task processes: no lease, no
-fence, no warm-up, the listener's task hooks return at once). Batches of ``--batch`` tasks alternate
-between the two kinds (protected first in even pairs, plain first in odd ones), each batch alone
-on the stack, until each kind has run ``--tasks`` tasks (one uncounted warm-up pair first).
-
-Measured:
-
-* inside each task (``overhead_noop.py``'s stopwatch): the plugin's time = ``execute`` minus
-  the body, plus every listener hook in the task process, plus starting the early acquire
-  (``airflow_plugins.protection.early_acquire``; any wait for its answer is inside ``execute``): p50
-  / p99 for each kind; the time
-  the plugin adds is the protected kind's; also its CPU time, and apart from it the lease
-  store's warm-up (``airflow_plugins.protection.connection_warmup``), which runs on its own thread
-  before ``execute`` while Airflow prepares the task (any wait for it inside ``execute`` is
-  counted);
-* each task process's whole CPU from its fork to the end of ``execute`` (Airflow's start-up, the
-  parse, the warm-up, ``execute``), p50 / p99 / mean per kind;
-* queued-to-done of each task (``queued_dttm`` to ``end_date``, REST API): p50 / p99 per kind;
-* throughput of a batch = tasks / (last ``end_date`` - first ``queued_dttm``); the ratio is
-  protected over plain, pooled over the pairs, with a 95% bootstrap interval over pairs (and
-  the per-pair t-interval). One scheduler by default: with two, a batch's tasks run 2 to 4 at
-  once depending on how the schedulers happen to split them, and a batch's makespan varies
-  more with that than with anything a task does;
-* each task's own time in its executor slot, ``start_date`` (its supervisor has forked the
-  task process and told the API server; the DAG file is not parsed yet) to ``end_date`` (its
-  final state is recorded): the parse with the warm-up, ``execute`` and the XCom push, p50 /
-  p99 / mean per kind, and the ratio of the totals (plain over protected) with its bootstrap
-  interval over pairs. It leaves out the process's exit, the supervisor's report and the
-  scheduler's hand-over, and what the lease store's server costs; the slot cycle holds them;
-* each task's cycle on its executor slot (its LocalExecutor worker, the task process's parent):
-  from its ``start_date`` to the next task's on the same worker, in the same batch. That holds
-  all a task costs its slot (its own slot time, its process's exit, the supervisor's report,
-  the scheduler's hand-over, the next start, and the CPU the lease store's server takes from
-  the same cores) except Airflow's supervisor exit wait: when a task process closes its
-  sockets before the kernel marks it exited, Airflow 3.3's supervisor waits on an empty
-  selector for up to ``[workers] min_heartbeat_interval`` before it sees the exit (here a
-  fifth to a quarter of the tasks, of both kinds). A cycle whose idle gap shows such a wait is
-  left out and counted per kind; the slot-cycle ratio (plain mean over protected mean) has its
-  bootstrap interval over pairs. The bench sets the interval to ``--min-heartbeat-interval``
-  (1 s; Airflow's default is 5 s, which makes the same batch's makespan vary two- or
-  three-fold and so the makespan ratio mostly noise);
-* the lease store's server CPU per protected try (its backend's start, the warm-up's plans,
-  acquire, complete), measured at the end on the same server by 200 tries of the store's own
-  calls, from the backend's ``/proc/<pid>/schedstat`` (through PgBouncer: the pooled
-  backends' and the pooler's; null when the server is elsewhere).
-
-``--pgbouncer`` puts a PgBouncer (transaction pooling, as ``docs/operating.md`` recommends;
-port ``--port-base`` + 10, the ``pgbouncer`` binary must be installed) between the tasks and
-the lease store: a task process then connects to the pooler instead of starting a new Postgres
-backend, whose start-up and first calls of the lease functions are most of a cold task's cost.
-
-``--agent`` starts a lease agent (``runlease agent``) on a Unix socket and sets
-``[exactly_once] agent_socket``: a task process sends its acquire and finish to the agent,
-which runs them on connections it keeps open, and opens no connection itself. The server CPU
-per try then includes the agent's own CPU and its backends'.
-
-``--parallelism`` is ``[core] parallelism``, the tasks running at once. Above the machine's
-cores, a task's wall time includes waiting for a core at each wake-up (after each round trip
-to Postgres): the plain kind's nearly empty path shows how much. ``--profile DIR`` writes a
-cProfile of each task's ``execute`` (``<pid>.pstats``) and of its warm-up thread
-(``warm-<pid>.pstats``); it slows the tasks, so it is for finding costs, not for figures.
-
-Progress goes to stderr; the last line of stdout is one JSON object. Targets: <= 10 ms added
-at p50, <= 50 ms at p99, throughput ratio >= 0.97; ``meets_targets`` says for the ratio
-whether the makespan ratio's point estimate and its interval's low end reach it, and the
-same for the slot-cycle ratio.
+One Airflow stack on fresh databases runs batches of the same mapped no-op task, protected and
+with the plugin switched off, alternating, and prints side by side the time the plugin adds
+inside a task, each task process's CPU, the lease store's CPU per try and the throughput ratio
+two ways (batch makespans, and each task's cycle on its executor slot) with 95% intervals.
+Progress goes to stderr; the last line of stdout is one JSON object. What each figure means,
+the options and the figures: docs/benchmarks.md, "Operator overhead".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """A payment processor to test against: Stripe's PaymentIntents API, as Stripe documents it.
 
 A stand-in at the boundary (a real Stripe account cannot be reached from here), on 127.0.0.1,
-driven by the official ``stripe`` SDK with its ``api_base`` pointed here. What it honours, from
-Stripe's "Idempotent requests" page:
-
-* ``Idempotency-Key``: the status and body of the first request with a key are saved once the
-  endpoint starts executing and replayed for 24 h, success or failure (a declined card too);
-* the same key with different parameters is refused with ``idempotency_error`` (400);
-* a request while the first with that key is still executing is refused with a conflict (409,
-  ``idempotency_key_in_use``), and nothing is saved for it;
-* parameters that fail validation are refused before execution and nothing is saved;
-* keys expire after 24 h (the clock is injectable), then the key makes a new request.
-
-It never deduplicates on content: two keys with the same parameters make two charges. With
-``check_tokens`` it is the resource of Kleppmann's fencing design: every request carrying
-``X-Lease-Key`` must carry ``X-Fencing-Token``, and a token lower than the highest it has seen
-for that lease key is refused (409, ``stale_fencing_token``); reads advance the token too, so a
-holder's lookup shuts out every older holder. ``idempotency=False`` ignores idempotency keys
-(a processor with token checks only, or with neither).
-
-Every charge is recorded and listed (``GET /v1/charges``, and ``GET /_processor/charges`` for the
-tests and the demo). Faults for tests, set with ``POST /_processor/faults`` or ``faults.add``:
-``timeout_after_commit`` (charge made and saved, the answer comes after ``delay`` s),
-``error_500`` (before execution: nothing made or saved), ``declined`` (card declined: saved),
-``malformed`` (charge made and saved, this one answer is not JSON), ``down`` (the connection is
-dropped before anything is read); and ``stop()`` for a processor that refuses connections.
+driven by the official ``stripe`` SDK with its ``api_base`` pointed here. It honours Stripe's
+idempotency keys, never deduplicates on content, can check fencing tokens (Kleppmann's fencing
+design), records every charge, and injects faults for the tests; ``PaymentProcessor`` gives
+the rules and the faults.
 
 Run it alone: ``python -m airflow_plugins.demo.processor --port 8765 [--check-tokens]``.
 """
@@ -151,6 +131,32 @@ def _error(status: int, type_: str, message: str, code: str | None = None, **ext
 
 class PaymentProcessor:
     """The processor's state and rules; ``start()`` serves it over HTTP on 127.0.0.1.
+
+    What it honours, from Stripe's "Idempotent requests" page:
+
+    - ``Idempotency-Key``: the status and body of the first request with a key are saved once
+      the endpoint starts executing and replayed for 24 h, success or failure (a declined card
+      too);
+    - the same key with different parameters is refused with ``idempotency_error`` (400);
+    - a request while the first with that key is still executing is refused with a conflict
+      (409, ``idempotency_key_in_use``), and nothing is saved for it;
+    - parameters that fail validation are refused before execution and nothing is saved;
+    - keys expire after 24 h (the clock is injectable), then the key makes a new request.
+
+    It never deduplicates on content: two keys with the same parameters make two charges. With
+    ``check_tokens`` it is the resource of Kleppmann's fencing design: every request carrying
+    ``X-Lease-Key`` must carry ``X-Fencing-Token``, and a token lower than the highest it has
+    seen for that lease key is refused (409, ``stale_fencing_token``); reads advance the token
+    too, so a holder's lookup shuts out every older holder. ``idempotency=False`` ignores
+    idempotency keys (a processor with token checks only, or with neither).
+
+    Every charge is recorded and listed (``GET /v1/charges``, and ``GET /_processor/charges``
+    for the tests and the demo). Faults for tests, set with ``POST /_processor/faults`` or
+    ``faults.add``: ``timeout_after_commit`` (charge made and saved, the answer comes after
+    ``delay`` s), ``error_500`` (before execution: nothing made or saved), ``declined`` (card
+    declined: saved), ``malformed`` (charge made and saved, this one answer is not JSON),
+    ``down`` (the connection is dropped before anything is read); and ``stop()`` for a
+    processor that refuses connections.
 
     Args:
         idempotency: honour ``Idempotency-Key`` (Stripe's behaviour).

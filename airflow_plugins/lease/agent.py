@@ -1,30 +1,13 @@
 """The lease agent: one long-lived process per host that runs protected tries' lease statements
 on connections it keeps open.
 
-A protected try is a new process: without the agent it opens its own connection to the lease
-store, a new server backend that loads its catalog for the try's two statements. On a busy
-host that connection costs more CPU than everything else the plugin does (``docs/
-airflow_plugin.md``, "What it costs"). With ``[exactly_once] agent_socket`` set, a try sends
-its acquire, renewals and finish to the agent on a Unix socket instead; the agent runs them on
-warm connections with prepared statements.
-
-It relays, it does not decide: each request is one of the store's own statements
-(``wire.AGENT_QUERIES``), run as the try would have run it, in its own transaction, so the
-database still decides every outcome under the lease row's lock, and fencing does not depend on
-the agent. Nor does it widen what a try may do: every request's parameters are held to the
-bounds the store's Python API applies, and a holder named in a request must be the process
-asking (``agent_checks``); a request is refused otherwise, and one that is not whole within
-``CLIENT_TIMEOUT`` is dropped. A try that cannot reach the agent connects itself; a request
-the agent cannot answer is a store outage to the try (it defers), exactly as a dropped
-connection of its own would be.
-
-    runlease agent --socket /run/runlease/agent.sock [--dsn ...] [--workers 8] [--no-prepare]
-                   [--horizon-days 400]
-
-Each of ``workers`` threads accepts requests on the socket and runs them on a connection of its
-own (made when first needed, checked with an empty statement after ``IDLE_CHECK`` seconds
-unused, so a Postgres restart costs no request). The socket is made ``0600`` (``--mode`` to
-widen it): whoever can open it can take leases, as whoever holds the store's password could.
+Without it every protected try, a new process, opens its own connection to the store: a new
+server backend, the largest CPU cost of the plugin on a busy host (docs/benchmarks.md). With
+``[exactly_once] agent_socket`` set, a try sends its acquire, renewals and finish to the agent
+on a Unix socket instead. It relays, it does not decide: each request is one of the store's own
+statements (``wire.AGENT_QUERIES``) in its own transaction, so the database still decides every
+outcome and fencing does not depend on the agent; requests are held to the store API's bounds
+and to the asking process's own holder (``agent_checks``). ``LeaseAgent`` says how it serves.
 """
 
 from __future__ import annotations
@@ -60,6 +43,17 @@ CLIENT_TIMEOUT = 10.0
 
 class LeaseAgent:
     """Serves lease statements on a Unix socket, each worker thread on its own connection.
+
+    Started by ``runlease agent --socket /run/runlease/agent.sock [--dsn ...] [--workers 8]
+    [--no-prepare] [--horizon-days 400]``. Each of ``workers`` threads accepts requests on the
+    socket and runs them on a connection of its own (made when first needed, checked with an
+    empty statement after ``IDLE_CHECK`` seconds unused, so a Postgres restart costs no
+    request). A request is refused when it is outside the store API's bounds or names a holder
+    that is not the process asking, and dropped when it is not whole within
+    ``CLIENT_TIMEOUT``. A try that cannot reach the agent connects itself; a request the agent
+    cannot answer is a store outage to the try (it defers), exactly as a dropped connection of
+    its own would be. The socket is made ``0600`` (``--mode`` to widen it): whoever can open
+    it can take leases, as whoever holds the store's password could.
 
     Args:
         conninfo: the lease store's libpq connection string or URL.

@@ -1,20 +1,10 @@
 """The lease store's connections: one kept for the hot path, a small pool for the rest.
 
-A lease call on the kept connection skips the pool checkout. A call made while another thread
-has the kept connection is served from the pool, except while ``warm`` opens it: the call then
-waits for it rather than starting a second connection. Failures to reach Postgres fail closed
-as ``LeaseStoreUnavailable``.
-
-Every call is bounded in time: TCP keepalives, ``tcp_user_timeout`` and ``connect_timeout``
-(``connection_bounds``) end a connection whose peer vanished, and a call still running after
-``call_timeout`` (or the caller's shorter bound) has its connection ended by the
-``call_watchdog``, for a route that acknowledges packets and never answers.
-
-No statement is prepared on the server (``prepare_threshold=None``): psycopg would prepare a
-query from its fifth use on a connection, and behind PgBouncer in transaction mode (before
-1.21, or without ``max_prepared_statements``) a long task's sixth renewal then failed with
-``prepared statement "_pg3_0" already exists`` (seen with Debian's PgBouncer 1.18). A task
-process runs each statement a few times, so preparing saved it nothing.
+A lease call on the kept connection skips the pool checkout; a call made while another thread
+has it is served from the pool, except while ``warm`` opens it (the call then waits for it
+rather than starting a second connection). Every call is bounded in time (``connection_bounds``,
+``call_watchdog``), failures to reach Postgres fail closed as ``LeaseStoreUnavailable``, and no
+statement is prepared on the server (``StoreConnections`` says why).
 """
 
 from __future__ import annotations
@@ -60,6 +50,17 @@ def unreachable(exc: psycopg.Error) -> bool:
 class StoreConnections:
     """Autocommit connections with dict rows to one lease-store database.
 
+    Every call is bounded in time: TCP keepalives, ``tcp_user_timeout`` and ``connect_timeout``
+    (``connection_bounds``) end a connection whose peer vanished, and a call still running
+    after ``call_timeout`` (or the caller's shorter bound) has its connection ended by the
+    ``call_watchdog``, for a route that acknowledges packets and never answers.
+
+    No statement is prepared on the server (``prepare_threshold=None``): psycopg would prepare
+    a query from its fifth use on a connection, and behind PgBouncer in transaction mode
+    (before 1.21, or without ``max_prepared_statements``) a long task's sixth renewal then
+    failed with ``prepared statement "_pg3_0" already exists`` (seen with Debian's PgBouncer
+    1.18). A task process runs each statement a few times, so preparing saved it nothing.
+
     Args:
         conninfo: a libpq connection string or URL.
         pool_size: most connections open at once: the kept one and ``pool_size - 1`` pooled.
@@ -91,7 +92,7 @@ class StoreConnections:
         self._kept_lock = threading.Lock()
         self._warming = threading.Event()
         self._pool_size = pool_size
-        # made on first use: a short try never needs it (0.25 ms of CPU in a task process)
+        # made on first use: a short try never needs it, and making it costs CPU in the try
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
 

@@ -1,20 +1,9 @@
 """The ``Fence`` a protected body receives: its lease, its sink transaction, its stop signal.
 
 Imports nothing from Airflow, so a Temporal activity (the bridge) can hand its work the same
-object. A body looks like::
-
-    def charge_all(fence: Fence, customers: list[str]) -> dict[str, int]:
-        charged = 0
-        with fence.transaction() as tx:
-            for customer in tx.claim_many(customers):   # skips items already done
-                fence.check()                            # stop promptly when told to
-                tx.conn.execute("INSERT INTO charges ...", (customer, fence.token))
-                charged += 1
-        return {"charged": charged}
-
-A superseded holder's ``transaction()`` raises ``StaleToken`` (at the fence, before any write),
-or its commit fails; ``check()`` raises ``FenceStopped`` once the task is told to stop or the
-lease is lost.
+object. A superseded holder's ``transaction()`` raises ``StaleToken`` (at the fence, before any
+write), or its commit fails; ``check()`` raises ``FenceStopped`` once the task is told to stop
+or the lease is lost. ``Fence`` shows a body.
 """
 
 from __future__ import annotations
@@ -104,6 +93,17 @@ class UnfencedWrite:
 
 class Fence:
     """The protected body's handle on its lease and its sink.
+
+    A body looks like::
+
+        def charge_all(fence: Fence, customers: list[str]) -> dict[str, int]:
+            charged = 0
+            with fence.transaction() as tx:
+                for customer in tx.claim_many(customers):   # skips items already done
+                    fence.check()                            # stop promptly when told to
+                    tx.conn.execute("INSERT INTO charges ...", (customer, fence.token))
+                    charged += 1
+            return {"charged": charged}
 
     Attributes:
         key: the lease key (business identity), e.g. ``billing_nightly/charge/2024-02-15``.

@@ -97,9 +97,8 @@ class LeaseKeeper:
         """Starts renewing.
 
         The thread comes from ``_thread``, not ``threading.Thread``, whose ``start`` waits until
-        the new thread has run: on a busy host that is a millisecond or more of a task's time
-        (measured: p50 1.1 ms, p99 7.7 ms with the cores taken), for a thread whose first act
-        is to sleep for the interval.
+        the new thread has run: on a busy host that is a millisecond or more of a task's time,
+        for a thread whose first act is to sleep for the interval.
         """
         self._thread_ids.add(_thread.start_new_thread(self._run, ()))
         self._thread_ids.add(_thread.start_new_thread(self._watch, ()))

@@ -18,8 +18,7 @@ class QueryBook:
 
     The file is read when the book is made, at import: a process forked afterwards (each task
     process of a LocalExecutor or Celery worker, whose parent imported the plugin) finds the
-    text already loaded instead of reading and splitting the file on its try's path (about
-    1.5 ms of CPU in a fresh task process).
+    text already loaded instead of reading and splitting the file on its try's path.
 
     Args:
         package: the package that ships the file, e.g. ``"airflow_plugins.lease"``.

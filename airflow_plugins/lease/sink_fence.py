@@ -2,31 +2,13 @@
 
 No transaction spans the lease store and the sink, so the sink keeps its own fence: the highest
 token seen per key (``runfence.fence``) and a ledger of done items unique on
-(key, generation, item) (``runfence.ledger``). A fenced transaction advances the fence first,
-then runs the caller's writes and claims their ledger rows, and commits all of it at once:
-
-* a holder whose token was superseded fails at the fence, before it writes anything;
-* a holder paused *inside* its transaction holds the fence row; Postgres ends its session after
-  ``idle_timeout`` (``idle_in_transaction_session_timeout``), so its commit fails and the new
-  holder goes on;
-* a holder frozen *inside a statement* (mid-``COPY FROM STDIN``, SIGSTOP while the server waits
-  on it) is not idle, so no idle timeout ends it: the newer holder's advance waits at most
-  ``lock_timeout``, then ends the sessions of the key's older holders still in a fenced
-  transaction (``pg_terminate_backend``: the sink role needs to be theirs or a member of
-  ``pg_signal_backend``) and advances. The frozen holder's transaction is rolled back, so it
-  never commits after the newer holder got through; the newer holder is delayed by at most
-  ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default) by older holders (the holder's own
-  other transactions, same token, are waited for as long as they run, as any lock is);
-* a taken-over run finds the items already done in the ledger and skips them.
-
-The fence's own statements (its begin and advance, the ledger's claims and reads, the commit
-or rollback) are bounded on the client's clock (``call_timeout``, by the store's
-``call_watchdog``): a route that acknowledges and never answers (a stuck proxy, a commit whose
-answer was lost) would otherwise hold the holder in that call forever, long past its lease,
-where no TCP timeout sees it. Past the bound the connection is ended and the call fails as a
-dropped connection (``psycopg.OperationalError``): the commit's fate is unknown, and a retry
-on a new connection finds the ledger's answer. The body's own statements are not bounded:
-they may rightly run long.
+(key, generation, item) (``runfence.ledger``). A fenced transaction (``fenced_transaction``)
+advances the fence first, then runs the caller's writes and claims their ledger rows, and
+commits all of it at once: a superseded holder fails at the fence before it writes anything,
+a paused or frozen one cannot commit after the newer holder got through, and a taken-over run
+finds the items already done in the ledger and skips them.
+The fence's own statements and the commit are bounded on the client's clock
+(``call_timeout``): a route that never answers cannot hold a holder past its lease.
 """
 
 from __future__ import annotations
@@ -166,13 +148,27 @@ def fenced_transaction(
 ) -> Iterator[FencedWrite]:
     """Opens a transaction on the sink connection that only the key's newest holder can commit.
 
-    The advance waits at most ``lock_timeout`` for the key's fence row; a row held by an
-    older holder still inside its fenced transaction (frozen in a statement) has that session
-    ended, and the advance is tried once more. ``generation`` is the lease's
-    (``Lease.generation``): an approved re-run claims its items in a new one, so it re-does
-    each effect once. The fence's own statements and the commit each wait at most
-    ``call_timeout`` for their answer (the advance ``lock_timeout`` more); past it the
-    connection is ended and ``psycopg.OperationalError`` raised, the commit's fate unknown.
+    - a holder whose token was superseded fails at the fence, before it writes anything;
+    - a holder paused *inside* its transaction holds the fence row; Postgres ends its session
+      after ``idle_timeout`` (``idle_in_transaction_session_timeout``), so its commit fails and
+      the new holder goes on;
+    - a holder frozen *inside a statement* (mid-``COPY FROM STDIN``, SIGSTOP while the server
+      waits on it) is not idle, so no idle timeout ends it: the newer holder's advance waits at
+      most ``lock_timeout``, then ends the sessions of the key's older holders still in a fenced
+      transaction (``pg_terminate_backend``: the sink role needs to be theirs or a member of
+      ``pg_signal_backend``) and is tried once more. The frozen holder's transaction is rolled
+      back, so it never commits after the newer holder got through; the newer holder is delayed
+      by at most ``2 * lock_timeout + TERMINATE_WAIT`` (15 s by default) by older holders (the
+      holder's own other transactions, same token, are waited for as long as they run, as any
+      lock is).
+
+    ``generation`` is the lease's (``Lease.generation``): an approved re-run claims its items
+    in a new one, so it re-does each effect once.
+
+    The fence's own statements and the commit each wait at most ``call_timeout`` for their
+    answer (the advance ``lock_timeout`` more); past it the connection is ended and
+    ``psycopg.OperationalError`` raised, the commit's fate unknown (a retry on a new connection
+    finds the ledger's answer).
 
     Raises:
         StaleToken: a higher token has already written under ``key``; nothing was written.

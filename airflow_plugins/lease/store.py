@@ -277,11 +277,12 @@ class LeaseStore:
         the connection open, most of the server's catalog loaded (the lease table, the audit
         table) and psycopg's type caches filled.
 
-        The acquire itself is not planned ahead (an ``EXPLAIN`` of it was, before): that cost a
-        new backend 0.6 ms of server CPU and saved the try's acquire 0.2 ms of it.
+        The acquire itself is not planned ahead: an ``EXPLAIN`` of it cost a new backend more
+        server CPU than it saved the try's acquire.
 
-        Runs in the calling thread; call it from a thread of its own (``airflow_plugins.
-        prewarm``): calls made from other threads meanwhile wait for the connection it opens.
+        Runs in the calling thread; call it from a thread of its own
+        (``airflow_plugins.protection.connection_warmup``): calls made from other threads
+        meanwhile wait for the connection it opens.
         A failure is only logged; the next call reports it.
 
         With a lease agent's socket in place, nothing is warmed: the try's statements go to the

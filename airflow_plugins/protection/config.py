@@ -1,38 +1,10 @@
 """The plugin's options: the ``[exactly_once]`` section of ``airflow.cfg``.
 
-Every option is declared here with its type, default and meaning, and read lazily by a small
-function when it is needed, never at import time (a DAG file importing the operator must not
-need a configured Airflow). Each can also be set by environment, Airflow's usual way:
-``AIRFLOW__EXACTLY_ONCE__TTL=30``.
-
-``enabled``
-    ``True``. When ``False`` the protected operators, decorated tasks and policy-wrapped tasks
-    run their body plainly: no lease, no fence (``Fence.transaction`` is a plain transaction).
-    Only for "plugin disabled" comparisons and benchmarks.
-``lease_conn_id``
-    ``exactly_once_leases``. The Airflow Connection (type postgres) of the lease store.
-``lease_dsn``
-    empty. A libpq DSN/URL that overrides ``lease_conn_id``. Scheduler-side hooks never read
-    Connections from Airflow's metadata database, so they need this option or the Connection as
-    an environment variable (``AIRFLOW_CONN_EXACTLY_ONCE_LEASES``).
-``ttl``
-    ``60``. Seconds a lease lives unless renewed: how long a dead holder blocks its key.
-``heartbeat``
-    ``0`` (= a third of ``ttl``). Seconds between lease renewals.
-``opt_in_tag``
-    ``exactly-once``. DAGs with this tag get their tasks wrapped by the cluster policy.
-``horizon_days``
-    ``400``. Acquires for business dates older than this, with no record, are refused.
-``wait_poll_interval``
-    ``5``. Seconds between lease-store checks of a deferred task waiting for a held lease or
-    for the lease store to come back.
-``agent_socket``
-    empty. The Unix socket of this host's lease agent (``runlease agent``): protected tries
-    send their lease statements there instead of each opening a connection to the store.
-    Tries connect themselves when no agent answers there.
-``router``
-    empty. ``module:attribute`` of a ``Router`` (see ``airflow_plugins.protection.routing``) that
-    decides per run whether protected work runs in Airflow or is handed to another engine.
+Every option is declared in ``OPTIONS`` with its type, default and meaning (``airflow config
+list --section exactly_once`` shows them; docs/airflow_plugin.md's "Configuration" table is the
+reference) and read lazily by a small function when it is needed, never at import time: a DAG
+file importing the operator must not need a configured Airflow. Each can also be set by
+environment, Airflow's usual way: ``AIRFLOW__EXACTLY_ONCE__TTL=30``.
 """
 
 from __future__ import annotations
@@ -117,8 +89,8 @@ OPTIONS: dict[str, Option] = {
 }
 
 
-# Airflow's own lookup walks environment, commands, secrets, the file and the defaults: about
-# 60 us an option, and a protected try reads ten of them. The environment variable, which wins
+# Airflow's own lookup walks environment, commands, secrets, the file and the defaults for each
+# option, and a protected try reads ten of them. The environment variable, which wins
 # over everything, is read directly each time; the rest is looked up once per process and kept
 # for CONF_CACHE_SECONDS (a ``_secret`` or ``_cmd`` option that rotates is seen after that).
 CONF_CACHE_SECONDS = 60.0

@@ -1,21 +1,14 @@
 """Warms the lease store while Airflow is still preparing a protected task.
 
 A task process starts cold: its first lease call would open a Postgres connection (a new
-server backend) and plan the try's statements in it, about 10 ms before the body could start.
-Airflow parses the DAG file in the task process before it runs the task, and the cluster policy
-sees every task then; ``get_parsing_context()`` names the one this process is about to run.
-When that task is protected, ``start`` resolves the lease store, opens its connection and
-prepares the acquire and the finish without writing anything (``LeaseStore.warm_up``), and reads
-the plugin's options (``config.preload``), on a daemon thread, beside Airflow's own
-preparation (the rest of the parse, template rendering, its calls to the API server). The try's
-acquire then finds the connection open, or waits for the one being opened.
-
-It also records which task this process was started to run (``preparing``): only there does
-the try's acquire start before ``execute`` (``airflow_plugins.protection.early_acquire``).
-
-Nothing happens in the dag processor (no task is named there), for other tasks, or with
-``[exactly_once] enabled = False``. A failure is only logged: the try's own acquire connects
-and decides (it defers while the store is unreachable).
+server backend) and plan the try's statements in it before the body could start. Airflow parses
+the DAG file in the task process first, and the cluster policy sees the task then
+(``get_parsing_context()`` names it): for a protected task, ``start`` opens the store's
+connection, runs ``LeaseStore.warm_up`` (nothing is written) and reads the plugin's options on
+a daemon thread, beside the rest of Airflow's preparation. It also records which task this
+process was started for (``preparing``): only there does the early acquire start. Nothing
+happens in the dag processor, for other tasks, or with ``enabled = False``; a failure is only
+logged (the try's own acquire connects and decides, deferring while the store is unreachable).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """A protected try's acquire, started while Airflow still prepares the task.
 
-Between rendering a task's templates and calling ``execute``, Airflow's task runner sends the
-rendered fields to its supervisor (which sends them on to the API server), renders the map
-index and calls the listeners' ``on_task_instance_running``. A protected try's acquire is a
-round trip to the lease store that depends on none of that: ``protected_try.start_early``
-resolves the try's target and starts its acquire on a thread as soon as the templates are
-rendered, and ``execute`` takes both (``take``) instead of resolving and asking again, so the
-round trip overlaps Airflow's own.
-
-Nothing changes in what is decided: it is the same statement, for the same key and holder,
-that ``execute`` would have sent a few milliseconds later, and ``execute`` acts on its outcome
-exactly as on its own (run, defer, return the recorded result, fail). A grant that waited
-longer than ``STALE_AFTER`` before ``execute`` took it (the process was stopped, or Airflow
-was slow) is renewed, token-guarded, before the body runs; if another holder took the key
-meanwhile, ``execute`` acquires again and waits for it. A try told to stop (``on_kill``)
-before ``execute`` releases the unused grant (``release_unused``), and its ``execute``, if
-Airflow still calls it, does not start the work (``StoppedBeforeWork``). A try that fails in
-Airflow's preparation leaves its grant to the listener's failure hook and, at worst, to the
-lease's expiry.
-
-One pending acquire per process (a task process runs one try).
+Between rendering a task's templates and calling ``execute``, Airflow sends the rendered fields
+through its supervisor, renders the map index and calls the running hooks; the acquire depends
+on none of that. ``protected_try.start_early`` starts it on a thread once the templates are
+rendered, and ``execute`` takes the answer (``take``), so the round trip overlaps Airflow's own.
+Nothing changes in what is decided: the same statement for the same key and holder, acted on
+exactly as ``execute``'s own (a stale grant is renewed first: ``Early.answer``; a try stopped
+before ``execute`` releases it: ``release_unused``). A try that fails in Airflow's preparation
+leaves its grant to the listener's failure hook and, at worst, to the lease's expiry. One
+pending acquire per process (a task process runs one try).
 """
 
 from __future__ import annotations

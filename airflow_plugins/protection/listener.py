@@ -1,37 +1,14 @@
 """The listener: audits protected DAG runs and tries, flags duplicate runs, fails failed tries.
 
-Registered by the plugin. It observes; it never guards (Airflow 3 swallows listener exceptions,
-so the guarantee lives in the operator and the policy wrapper):
-
-* DAG-run hooks (in the scheduler, or the API server for a run marked by hand): one audit row
-  per state (``dag_run_running`` / ``dag_run_success`` / ``dag_run_failed``) under the key
-  ``<dag_id>/_dag_run/<business date>``, and a ``duplicate_run`` row (outcome ``flagged``) when
-  a second run of a business date starts while another is running or after one succeeded. Its
-  protected tasks are then held or handed the recorded result by their leases.
-* Task-instance hooks (in the task process; in the API server when a user marks a try): an
-  audit row for a try that fails (``try_failed``) or skips itself (``try_skipped``), and on
-  failure the try's running lease is failed on its behalf (actor ``listener``), so the next try
-  is granted at once instead of waiting for the TTL, but only when its holder is shown gone:
-  the hook runs in the holder's own process (the try reports its own end), or the holder's
-  process is verified dead on this host, or its lease has missed renewals for at least
-  ``MISSED_HEARTBEATS`` heartbeats. Airflow's word alone ("killed externally", a try reset or
-  failed by a scheduler that adopted it) is not enough: the process may still run, and a retry
-  granted beside it would overlap it; such a lease is left to end with its work or by expiry.
-  A try killed with SIGKILL fires no hook in its own process: lease expiry is the release path
-  there. A try's start and success are not
-  written again here: the lease store's own ``acquire`` row (holder with try number, token,
-  input, outcome) and ``complete`` row (output, duration) record them, and two more writes per
-  task were most of what the plugin added to a short task (``bench/operator_overhead.py``).
-* A start hook (``on_starting``, when an Airflow job starts): one lease-store connection, warmed
-  and closed before the scheduler's executor forks, so forked task processes start with the
-  client initialised.
-
-Rules: the hooks never raise and never touch Airflow's ORM session (the scheduler's own session
-would be closed under it); they use the lease store's own connections, with a short connect
-timeout and a pause after a failure, so an unreachable store costs the scheduler at most one
-short wait per ``PAUSE_AFTER_FAILURE``. Hooks may fire more than once for one event: DAG-run
-rows are written once per run and state (checked against the key's audit history), try rows
-once per process, and failing a lease on behalf matches only a still-running lease of that try.
+Registered by the plugin. It observes; it never guards: Airflow 3 swallows listener exceptions,
+so the guarantee lives in the operator and the policy wrapper. DAG-run hooks write one audit row
+per run and state and flag a second run of a business date (``record_dag_run``); task hooks
+audit failed and skipped tries and fail a failed try's lease on its behalf when its holder is
+shown gone (``fail_running_lease``); ``on_starting`` warms the lease-store client before an
+executor forks. A try's start and success are not written here: the lease store's own
+``acquire`` and ``complete`` rows record them. The hooks never raise and never touch Airflow's
+ORM session; an unreachable store pauses them for ``PAUSE_AFTER_FAILURE``. The user's account:
+docs/airflow_plugin.md, "The listener".
 """
 
 from __future__ import annotations
@@ -121,8 +98,8 @@ def on_starting(component: Any) -> None:
     Opens one lease-store connection, runs the warm-up's statements on it
     (``LeaseStore.warm_up``: nothing is written) and closes it. Every process forked afterwards
     (each executor worker, and each task process forked from a worker) then starts with libpq
-    and psycopg initialised and those statements converted: measured, about 0.9 ms less CPU
-    for each protected try (``bench/operator_overhead.py``). Nothing stays open across a fork.
+    and psycopg initialised and those statements converted, which each protected try's first
+    connection then does not pay. Nothing stays open across a fork.
     Other components (the triggerer, the dag processor) do the same once; a task process's
     own start (the task runner's marker) does nothing here, its warm-up is
     ``airflow_plugins.protection.connection_warmup``. Logs one INFO line when the store was warmed
@@ -190,7 +167,14 @@ def _runs_by_state(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def record_dag_run(dag_run: Any, event: str) -> None:
-    """Audits one DAG-run state of a protected DAG, once; flags a duplicate business run."""
+    """Audits one DAG-run state of a protected DAG, once; flags a duplicate business run.
+
+    The row (``dag_run_running`` / ``dag_run_success`` / ``dag_run_failed``) is keyed
+    ``<dag_id>/_dag_run/<business date>`` and written once per run and state (checked against
+    the key's audit history). A run starting while another run of its business date is running,
+    or after one succeeded, gets a ``duplicate_run`` row (outcome ``flagged``); its protected
+    tasks are then held or handed the recorded result by their own leases.
+    """
     dag = getattr(dag_run, "dag", None)
     if not dag_is_protected(dag):
         return
@@ -329,7 +313,14 @@ def fail_running_lease(ti: Any, error: object) -> list[str]:
 
     Works from the try's identity alone (no DAG needed), so it also serves a try marked failed
     through the API server. Matches only a lease still held by that try: repeated calls and
-    tries whose operator already failed its lease change nothing.
+    tries whose operator already failed its lease change nothing. Failing it lets the next try
+    be granted at once instead of waiting for the TTL, but only when its holder is shown gone:
+    the hook runs in the holder's own process (the try reports its own end), or the holder's
+    process is verified dead on this host, or its lease has missed renewals for at least
+    ``MISSED_HEARTBEATS`` heartbeats. Airflow's word alone ("killed externally", a try reset or
+    failed by a scheduler that adopted it) is not enough: the process may still run, and a retry
+    granted beside it would overlap it; such a lease is left to end with its work or by expiry.
+    A try killed with SIGKILL fires no hook in its own process: lease expiry releases it.
     """
     in_task = _in_task_process(ti)
     if in_task and not _task_is_protected(getattr(ti, "task", None)):

@@ -1,44 +1,10 @@
 """``ExactlyOnceOperator``: an Airflow operator whose work runs once per business key.
 
-API (for DAG authors, the example DAGs and the bridge)::
-
-    from airflow_plugins.protection.operators import ExactlyOnceOperator
-    from airflow_plugins.protection.decorators import exactly_once_task
-    from airflow_plugins.lease.fence import Fence, FenceStopped
-
-    class ChargeCustomers(ExactlyOnceOperator):          # subclass: override execute_protected
-        def execute_protected(self, fence: Fence, context: Context) -> Any: ...
-
-    ExactlyOnceOperator(task_id="charge", python_callable=charge,   # or a callable:
-                        sink_conn_id="billing_db", op_kwargs={...})  # charge(fence, **op_kwargs)
-
-    @exactly_once_task(sink_conn_id="billing_db")        # TaskFlow: fence first arg or keyword
-    def charge(fence: Fence, customers: list[str]) -> dict[str, int]:
-        with fence.transaction() as tx:
-            for c in tx.claim_many(customers):
-                fence.check()
-                tx.conn.execute("INSERT INTO charges (customer, token) VALUES (%s, %s)",
-                                (c, fence.token))
-        return {"charged": len(customers)}
-
-* Lease key: ``dag_id/task_id/business_date[/map_key]``
-  (``airflow_plugins.protection.task_identity``): the run conf's ``business_date`` or the
-  logical date in the DAG's timezone cut to the DAG's period (``period=`` or tag
-  ``exactly-once-period:<p>`` or the schedule); mapped tasks need a ``map_index_template``.
-  A manual run with neither date fails without retrying.
-* Outcomes (``airflow_plugins.protection.protected_try``): granted -> sink fence advanced, body runs
-  with a lease keeper, lease completed, result returned (XCom); held -> deferred on
-  ``LeaseReleasedTrigger``; succeeded -> body skipped, recorded result returned, task SUCCESS;
-  body error -> lease failed, error re-raised, Airflow retries (defaults here: ``retries=4``,
-  exponential backoff); store down -> deferred on ``LeaseStoreReachableTrigger`` (no retry used).
-* ``on_kill`` stops the body: ``fence.stop`` (``fence.check()`` raises ``FenceStopped``), keeper
-  stopped, lease released.
-* Sanctioned re-run: approved by an administrator (leases page or ``runlease override``); the
-  conf ``{"exactly_once_rerun": {"reason": "..."}}`` alone is refused, audited.
-* Routing: ``airflow_plugins.protection.routing.current_router().route(run)`` decides per try
-  whether the work runs here or an ``EngineHandover`` (the bridge) runs it; handovers resume via
-  ``resume_handover``.
-* ``[exactly_once] enabled = False``: the body runs plainly with an unfenced ``Fence``.
+The classic form of protection (``@exactly_once_task`` is the TaskFlow one, the cluster policy
+the zero-code one): the work runs under a run-lease keyed by ``dag_id/task_id/business_date
+[/map_key]`` and receives a ``Fence`` whose token the sink checks, so a superseded try cannot
+commit. The outcomes are decided in ``airflow_plugins.protection.protected_try``, shared by all
+three forms; docs/airflow_plugin.md is the user's guide.
 """
 
 from __future__ import annotations
@@ -90,7 +56,29 @@ class ExactlyOnceOperator(BaseOperator):
     """Runs its work at most once per business key, under a lease with a fencing token.
 
     Override ``execute_protected(fence, context)``, or pass ``python_callable`` (called as
-    ``python_callable(fence, *op_args, **op_kwargs)``).
+    ``python_callable(fence, *op_args, **op_kwargs)``)::
+
+        class ChargeCustomers(ExactlyOnceOperator):
+            def execute_protected(self, fence: Fence, context: Context) -> Any: ...
+
+        ExactlyOnceOperator(task_id="charge", python_callable=charge,
+                            sink_conn_id="billing_db", op_kwargs={...})
+
+    The lease key is ``dag_id/task_id/business_date[/map_key]``
+    (``airflow_plugins.protection.task_identity``): the run conf's ``business_date`` or the
+    logical date in the DAG's timezone cut to the DAG's period; mapped tasks need a
+    ``map_index_template``, and a manual run with neither date fails without retrying.
+
+    Outcomes (``airflow_plugins.protection.protected_try``): granted -> sink fence advanced,
+    body run with a lease keeper, lease completed, result returned (XCom); held -> deferred on
+    ``LeaseReleasedTrigger``; succeeded -> body skipped, recorded result returned, task
+    SUCCESS; body error -> lease failed, error re-raised, Airflow retries; store down ->
+    deferred on ``LeaseStoreReachableTrigger`` (no retry used). A sanctioned re-run needs an
+    administrator's approval (leases page or ``runlease override``); the conf
+    ``{"exactly_once_rerun": {"reason": "..."}}`` alone is refused, audited. The router
+    (``airflow_plugins.protection.routing.current_router()``) decides per try whether the work
+    runs here or an ``EngineHandover`` (the bridge) runs it, resumed by ``resume_handover``. With
+    ``[exactly_once] enabled = False`` the body runs plainly with an unfenced ``Fence``.
 
     Args:
         sink_conn_id: Airflow Connection (postgres) of the database the work writes to;
@@ -170,7 +158,7 @@ class ExactlyOnceOperator(BaseOperator):
             protected_try.start_early(self, context, self.protection(), self.audit_input())
 
     def execute(self, context: Any) -> Any:
-        """Takes the lease and runs ``execute_protected`` once per business key (see module)."""
+        """Takes the lease and runs ``execute_protected`` once per business key (see the class)."""
         return protected_try.run_try(
             self,
             context,

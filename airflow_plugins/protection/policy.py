@@ -3,27 +3,10 @@
 Registered through the ``airflow.policy`` entry point, so ``pip install`` is all it takes. A
 DAG opts in at parse time with the tag ``[exactly_once] opt_in_tag`` (``exactly-once`` by
 default); a run's conf cannot turn it off, because the policy runs when the DAG file is parsed,
-by the dag processor and again in the worker that runs the task.
-
-A wrapped ``PythonOperator``, ``@task`` or ``BashOperator`` gets:
-
-* one holder per key (``dag/task/business_date``): a second try, a cleared task or a second DAG
-  run of the same business date waits (deferred) while the first holds the lease;
-* skip-if-succeeded: once the key succeeded, later tries return the recorded result;
-* self-fencing: when the lease cannot be renewed (taken over, released, store unreachable past
-  the TTL), the task's process group, and a BashOperator's shell, are killed with SIGKILL.
-
-It cannot get sink fencing: its writes carry no token, so a process paused (SIGSTOP) past its
-lease and resumed can still write before its keeper notices. The policy logs a warning for each
-wrapped task; use ``ExactlyOnceOperator`` / ``@exactly_once_task`` with ``sink_conn_id`` where
-that matters. A mapped task (``.expand``) is wrapped when it has a ``map_index_template`` (each
-instance is keyed on it: a tenant id, not a position); without one it is left unprotected, with
-a warning. Other operators are left as they are, with a warning.
-
-In the task process about to run a protected task (an ``ExactlyOnceOperator``, an
-``@exactly_once_task`` or a task wrapped here), the policy also starts warming that task's lease
-store (``airflow_plugins.protection.connection_warmup``), since it is the first plugin code to see
-the task there.
+by the dag processor and again in the worker that runs the task. A wrapped task gets one holder
+per key, skip-if-succeeded and self-fencing, but no sink fencing (``task_policy`` says what is
+wrapped and what that gives); ``ExactlyOnceOperator`` / ``@exactly_once_task`` with
+``sink_conn_id`` give the fence too.
 """
 
 from __future__ import annotations
@@ -135,8 +118,8 @@ def _resume_handover(context: Mapping[str, Any], event: Any = None) -> Any:
 def _on_kill() -> None:
     # A wrapped body is plain code: it cannot be told to stop and writes on until this process
     # dies (Airflow's SIGKILL comes 5 s after its SIGTERM). Releasing the lease here would let
-    # the next try in beside it (measured: 10-16 customers charged twice when the scheduler
-    # died), so the lease is kept, to expire and be taken over (audited), and the body is ended
+    # the next try in beside it (10-16 customers were charged twice when the scheduler died),
+    # so the lease is kept, to expire and be taken over (audited), and the body is ended
     # now with the task's process group: self-fencing.
     task = _running_task
     if task is not None:
@@ -223,9 +206,29 @@ def _own_lease_conn_id(task: Any) -> str | None:
 
 @hookimpl
 def task_policy(task: Any) -> None:
-    """Wraps the tasks of opted-in DAGs (see the module docstring); in the process about to
-    run a protected task, starts warming its lease store
-    (``airflow_plugins.protection.connection_warmup``)."""
+    """Wraps the tasks of opted-in DAGs; warms the lease store for a protected task.
+
+    A wrapped ``PythonOperator``, ``@task`` or ``BashOperator`` gets:
+
+    - one holder per key (``dag/task/business_date``): a second try, a cleared task or a second
+      DAG run of the same business date waits (deferred) while the first holds the lease;
+    - skip-if-succeeded: once the key succeeded, later tries return the recorded result;
+    - self-fencing: when the lease cannot be renewed (taken over, released, store unreachable
+      past the TTL), the task's process group, and a BashOperator's shell, are killed with
+      SIGKILL.
+
+    It cannot get sink fencing: its writes carry no token, so a process paused (SIGSTOP) past
+    its lease and resumed can still write before its keeper notices. The policy logs a warning
+    for each wrapped task. A mapped task (``.expand``) is wrapped when it has a
+    ``map_index_template`` (each instance is keyed on it: a tenant id, not a position); without
+    one it is left unprotected, with a warning. Other operators are left as they are, with a
+    warning.
+
+    In the task process about to run a protected task (an ``ExactlyOnceOperator``, an
+    ``@exactly_once_task`` or a task wrapped here), it also starts warming that task's lease
+    store (``airflow_plugins.protection.connection_warmup``), since the policy is the first
+    plugin code to see the task there.
+    """
     if _protected_operator(task):
         if connection_warmup.runs_here(task):
             connection_warmup.start(task, _own_lease_conn_id(task))

@@ -1,33 +1,9 @@
 """One protected try of a task: route, acquire, run under the lease, finish; or wait.
 
 Shared by ``ExactlyOnceOperator``, ``@exactly_once_task`` and the tasks the cluster policy
-wraps, so they decide outcomes the same way:
-
-* granted / taken over: the sink fence is advanced to the new token, the body runs with a lease
-  keeper renewing the lease, and the lease is completed with the body's result;
-* held by a live holder: the task defers on ``LeaseReleasedTrigger`` (no worker slot, no retry
-  used) and acquires again when the lease is released or expires;
-* already succeeded: the body does not run; the recorded result is returned, so XCom downstream
-  sees the first run's value, and the task ends **successful**, not skipped: a skipped task would
-  skip its downstream tasks under the default trigger rule (a finished billing run must not stop
-  the invoice mail that follows it), and the lease's audit row already records that this try was
-  turned away as ``succeeded``;
-* refused (older than the retention horizon): the task fails without retrying;
-* the body fails: the lease is failed and the error re-raised, so Airflow's retries take the
-  key again with a new token (a body that skips itself releases the lease instead);
-* the lease store is unreachable: the task defers on ``LeaseStoreReachableTrigger`` and acquires
-  again when it answers; no retry is used up and the body never runs without a lease.
-
-A sanctioned re-run of a succeeded business date is approved by an administrator where the
-permission can be checked: the pages' approve action (Op/Admin) or ``runlease override``,
-each audited under its actor. A task process cannot ask Airflow's auth manager, and anyone who
-may trigger the DAG (the plain User role) can write a run conf, so the conf
-``{"exactly_once_rerun": {"reason": "..."}}`` approves nothing by itself: it says the run means
-to re-do a succeeded date, and the try fails (without retrying, audited ``rerun_request`` /
-``refused`` under the triggering user) unless such an approval is recorded on the key; with
-one, the key is granted once more. Backfills map onto it the same way: ``reprocess_behavior=
-"completed"`` alone re-creates the DAG runs, whose protected tasks then return the recorded
-results; to re-do the effects, approve each date's keys first.
+wraps, so the three forms decide a try's outcome the same way: ``run_try`` is the entry point
+and lists the outcomes; ``approve_rerun_if_asked`` is the sanctioned re-run of a succeeded
+business date.
 """
 
 from __future__ import annotations
@@ -182,6 +158,17 @@ def resolve_target(context: Mapping[str, Any], protection: Protection) -> TaskTa
 
 def approve_rerun_if_asked(store: LeaseStore, target: TaskTarget) -> bool:
     """Checks the run conf's ``exactly_once_rerun`` against the approvals recorded on the key.
+
+    A re-run of a succeeded business date is approved by an administrator where the permission
+    can be checked: the pages' approve action (Op/Admin) or ``runlease override``, each audited
+    under its actor. A task process cannot ask Airflow's auth manager, and anyone who may
+    trigger the DAG (the plain User role) can write a run conf, so the conf
+    ``{"exactly_once_rerun": {"reason": "..."}}`` approves nothing by itself: it says the run
+    means to re-do a succeeded date, and the try fails (without retrying, audited
+    ``rerun_request`` / ``refused`` under the triggering user) unless such an approval is
+    recorded on the key; with one, the key is granted once more. Backfills map onto it the same
+    way: ``reprocess_behavior="completed"`` alone re-creates the DAG runs, whose protected tasks
+    then return the recorded results; to re-do the effects, approve each date's keys first.
 
     Returns whether the key is approved for a re-run now (the acquire will grant it).
 
@@ -405,6 +392,22 @@ def run_try(
     audit_input: Any = None,
 ) -> Any:
     """One protected try of ``task``: runs, hands over, returns the recorded result, or defers.
+
+    - granted / taken over: the sink fence is advanced to the new token, the body runs with a
+      lease keeper renewing the lease, and the lease is completed with the body's result;
+    - held by a live holder: the task defers on ``LeaseReleasedTrigger`` (no worker slot, no
+      retry used) and acquires again when the lease is released or expires;
+    - already succeeded: the body does not run; the recorded result is returned, so XCom
+      downstream sees the first run's value, and the task ends **successful**, not skipped: a
+      skipped task would skip its downstream tasks under the default trigger rule (a finished
+      billing run must not stop the invoice mail that follows it), and the lease's audit row
+      already records that this try was turned away as ``succeeded``;
+    - refused (older than the retention horizon): the task fails without retrying;
+    - the body fails: the lease is failed and the error re-raised, so Airflow's retries take the
+      key again with a new token (a body that skips itself releases the lease instead);
+    - the lease store is unreachable: the task defers on ``LeaseStoreReachableTrigger`` and
+      acquires again when it answers; no retry is used up and the body never runs without a
+      lease.
 
     Raises:
         TaskDeferred: waiting for a held lease or for the lease store (through ``task.defer``).

@@ -1,7 +1,7 @@
 """A fast expansion of five-field cron expressions in UTC, for long gap-detection windows.
 
-Airflow's timetables (and croniter under them) step one fire time at a time: about 0.1 ms
-each, so a year of an hourly DAG costs close to a second before any row is read. Expanding the
+Airflow's timetables (and croniter under them) step one fire time at a time, so a year of an
+hourly DAG (8,760 fire times) costs close to a second before any row is read. Expanding the
 fields into sets and walking the calendar day by day gives the same fire times for a UTC
 schedule in a few milliseconds. Only plain expressions in UTC take this path (numbers, ``*``,
 lists, ranges, steps; the dom/dow "or" rule of cron); anything else, and every other timezone

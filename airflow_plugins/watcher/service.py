@@ -1,18 +1,12 @@
 """The watcher: looks at every protected DAG on a fixed beat, apart from the schedulers.
 
 Each look judges the runs every protected DAG (tagged, or with an exactly-once task) expected
-over the lookback window. A run that becomes missed is reported once: an audit row (event
-``missed_run``, so the audit page and a restarted watcher know), the counter
-``exactly_once.watcher.missed`` and the configured callback (route it to paging). Open late and
-missed runs are gauges. A run that is done has its schedule lags exported
-(``airflow_plugins.protection.sla``). A missed run is reported at most one poll interval after its
-deadline passes.
-
-Health: ``/health`` on the configured port answers 200 while looks succeed and 503 when the
-last good look is older than three poll intervals (the lease store or the metadata database is
-unreachable); the optional health file is touched after every good look. It is unauthenticated,
-so it listens on 127.0.0.1 unless told otherwise and says only ok or stale and when the last
-good look was: why a look failed (an error naming hosts and users) goes to the log only.
+over the lookback window. A run that becomes missed is reported once, at most one poll interval
+after its deadline passes: an audit row (event ``missed_run``, so the audit page and a restarted
+watcher know), the counter ``exactly_once.watcher.missed`` and the configured callback (route it
+to paging). Open late and missed runs are gauges; a done run has its schedule lags exported
+(``airflow_plugins.protection.sla``). ``Watcher.health`` and ``serve_health`` are its health
+check.
 """
 
 from __future__ import annotations
@@ -186,7 +180,13 @@ class Watcher:
             stop.wait(poll)
 
     def health(self, poll: float) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body) of the health check."""
+        """(HTTP status, body) of the health check.
+
+        200 while looks succeed, 503 when the last good look is older than three poll intervals
+        (the lease store or the metadata database is unreachable). The body says only ok or
+        stale and when the last good look was: why a look failed (an error naming hosts and
+        users) goes to the log only, since the endpoint is unauthenticated.
+        """
         now = self._clock()
         fresh = self.last_ok is not None and now - self.last_ok <= timedelta(seconds=3 * poll)
         body = {
@@ -202,6 +202,7 @@ def serve_health(
     """Starts the ``/health`` endpoint in a daemon thread; returns the server (to shut down).
 
     ``host`` is where it listens: the loopback by default, since anyone reaching it may ask.
+    The optional health file is touched after every good look (``Watcher.run_forever``).
     """
 
     class Handler(BaseHTTPRequestHandler):

@@ -1,28 +1,10 @@
 """The no-op operator of ``bench/operator_overhead.py`` and its in-task stopwatch.
 
-Not a DAG file: the two bench DAGs (``eo_bench_protected``, ``eo_bench_plain``) import it.
-It times, inside each task process, what the plugin does there:
-
-* ``execute``: the whole ``ExactlyOnceOperator.execute`` (key, lease acquire, keeper, sink-less
-  fence, complete) minus the body's own time;
-* ``hooks``: every listener hook of the plugin that fires in the task process before the end
-  of ``execute`` (each goes through ``airflow_plugins.protection.listener._guarded``, which this
-  module wraps with a stopwatch). A successful try fires none after ``execute``: the listener writes
-  only failed and skipped tries (the lease's own rows record the others).
-
-* ``early_start``: starting the try's acquire once the templates are rendered
-  (``protected_try.start_early``, before ``execute``; the acquire itself runs on its own thread
-  beside Airflow's preparation, and what ``execute`` still waits for it is in ``execute``).
-
-* ``warm_up`` (reported apart, not in the plugin's time): the lease store's warm-up
-  (``airflow_plugins.protection.connection_warmup``), which runs on its own thread while Airflow
-  still prepares the task: its wall and thread CPU time, and how long ``execute`` started before it
-  finished (that wait is inside ``execute``, so already counted).
-
-At the end of ``execute``, after the stopwatch, it writes one JSON line to a file of its own
-in ``EO_BENCH_TIMINGS``, which the bench reads back. Both kinds pay that write alike: a file,
-not a database row, since a task process's first Postgres connection costs more than its
-later ones, and only the protected kind would have had one already.
+Not a DAG file: the two bench DAGs (``eo_bench_protected``, ``eo_bench_plain``) import it. It
+times, inside each task process, what the plugin does there: ``execute`` minus the body
+(``ExactlyOnceBenchNoop.execute``), the plugin's listener hooks (``_timed_guarded``), starting
+the early acquire (``_timed_start_early``) and, apart, the lease store's warm-up
+(``_timed_warm``); ``_record`` hands the figures to the bench.
 """
 
 from __future__ import annotations
@@ -46,6 +28,12 @@ _unwrapped_warm = connection_warmup._warm
 
 
 def _record(ti: Any) -> None:
+    """Writes this try's timings as one JSON line to a file of its own in ``EO_BENCH_TIMINGS``.
+
+    Called at the end of ``execute``, after the stopwatch; both kinds pay that write alike. A
+    file, not a database row: a task process's first Postgres connection costs more than its
+    later ones, and only the protected kind would have had one already.
+    """
     row = {"dag_id": ti.dag_id, "run_id": ti.run_id, "map_index": ti.map_index, **TIMINGS}
     path = os.path.join(os.environ["EO_BENCH_TIMINGS"], f"{uuid.uuid4().hex}.json")
     with open(path, "w", encoding="utf-8") as out:
@@ -53,6 +41,11 @@ def _record(ti: Any) -> None:
 
 
 def _timed_guarded(what: str, action: Callable[[], None]) -> None:
+    """``hooks``: every listener hook of the plugin that fires in the task process.
+
+    Each goes through ``listener._guarded``, which this wraps. A successful try fires none
+    after ``execute``: the listener writes only failed and skipped tries.
+    """
     started = time.perf_counter()
     try:
         _unwrapped_guarded(what, action)
@@ -66,6 +59,12 @@ listener._guarded = _timed_guarded
 
 
 def _timed_warm(conn_id: str | None) -> None:
+    """``warm_up``, reported apart from the plugin's time: the lease store's warm-up.
+
+    It runs on its own thread while Airflow still prepares the task: its wall and thread CPU
+    time, and how long ``execute`` started before it finished (that wait is inside
+    ``execute``, so already counted).
+    """
     profile_dir = os.environ.get("EO_BENCH_PROFILE")
     profiler = cProfile.Profile() if profile_dir else None
     _WARM["started"], cpu = time.perf_counter(), time.thread_time()
@@ -87,6 +86,11 @@ _unwrapped_start_early = protected_try.start_early
 
 
 def _timed_start_early(*args: Any, **kwargs: Any) -> bool:
+    """``early_start``: starting the try's acquire once the templates are rendered.
+
+    The acquire itself runs on its own thread beside Airflow's preparation; what ``execute``
+    still waits for it is in ``execute``.
+    """
     started = time.perf_counter()
     try:
         return _unwrapped_start_early(*args, **kwargs)
@@ -101,7 +105,8 @@ class ExactlyOnceBenchNoop(ExactlyOnceOperator):
     """A protected task whose body does nothing; it times the plugin around the body."""
 
     def execute(self, context: Any) -> Any:
-        """``ExactlyOnceOperator.execute``, timed."""
+        """``ExactlyOnceOperator.execute``, timed: key, acquire, keeper, sink-less fence,
+        complete, minus the body's own time."""
         profile_dir = os.environ.get("EO_BENCH_PROFILE")
         profiler = cProfile.Profile() if profile_dir else None
         started, cpu = time.perf_counter(), time.process_time()

@@ -2,19 +2,8 @@
 
 Translation reads a parsed Airflow DAG (never runs it) and yields a ``DagSpec`` plus, for every
 task it cannot translate, its name and the reason. Nothing is handed over while any task is
-untranslatable: the report comes before anything runs.
-
-Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
-``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
-of these expanded over one upstream task's list, and any other operator whose
-``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker rebuilds
-it from its DAG folder, renders its templated fields and calls ``execute``
-(``bridge.worker.execution``). Not translated, with the reason: sensors, deferrable operators (a
-``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose code reaches
-Airflow's metadata DB (``create_session``, ``provide_session``, ``airflow.models``), operators
-that cannot be copied, mapped operators without a Python callable, branching and short-circuit
-operators, non-default trigger rules, cross-DAG operators, and Python-callable arguments holding
-Jinja templates (only Airflow renders them).
+untranslatable: the report comes before anything runs. ``task_spec`` lists what translates and
+what does not.
 
 DAG tags the bridge reads: ``side-effect-free`` (every task) or ``side-effect-free:<task_id>``,
 and ``bridge-lane:<lane>`` (the priority lane, e.g. ``billing``).
@@ -167,7 +156,20 @@ def task_spec(
     side_effect_free: bool = False,
     render: Callable[[Any, Any], Any] | None = None,
 ) -> TaskSpec:
-    """The spec of one task (see the module doc for what translates).
+    """The spec of one task: what translates and what does not.
+
+    Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
+    ``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
+    of these expanded over one upstream task's list, and any other operator whose
+    ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
+    rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
+    (``bridge.worker.execution``). Not translated, with the reason: sensors, deferrable
+    operators (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
+    code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
+    ``airflow.models``), operators that cannot be copied, mapped operators without a Python
+    callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
+    operators, and Python-callable arguments holding Jinja templates (only Airflow renders
+    them).
 
     Raises:
         _NotTranslatable: with the reason.

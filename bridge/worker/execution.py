@@ -1,18 +1,10 @@
 """An Airflow operator's ``execute(context)``, run unchanged inside a bridge activity.
 
 The worker rebuilds the operator from its parsed DAG folder (a fresh copy per call: rendering
-mutates the operator), gives it the context such operators read, renders its templated fields
-with the task SDK's own ``render_template_fields``, and calls ``execute`` the way the task
-runner does (inside the ``ExecutorSafeguard`` tracker). Its return value is the task's output.
-
-What the context holds, and how it differs from Airflow's:
-- ``logical_date`` / ``data_interval_start`` are the start of the business period in the DAG's
-  timezone (UTC-converted), ``data_interval_end`` the start of the next one; ``ds`` is the
-  business period's first day, so ``{{ ds }}`` renders the business date, not a cron time.
-- ``run_id`` is the Temporal workflow id; ``dag_run.conf`` is ``{"business_date": ...}``.
-- ``ti.try_number`` is the activity attempt; ``ti.xcom_pull`` returns the upstream tasks'
-  return values from this workflow's own results. Other XCom keys do not cross tasks.
-- ``params`` are the DAG's and task's params, validated as Airflow validates them.
+mutates the operator), gives it the context such operators read (``template_context``, which
+says how it differs from Airflow's), renders its templated fields with the task SDK's own
+``render_template_fields``, and calls ``execute`` the way the task runner does (inside the
+``ExecutorSafeguard`` tracker). Its return value is the task's output.
 """
 
 from __future__ import annotations
@@ -161,7 +153,19 @@ def template_context(
     upstream: Mapping[str, Any],
     ds: str,
 ) -> dict[str, Any]:
-    """The context an operator's templates and ``execute`` read (see the module doc)."""
+    """The context an operator's templates and ``execute`` read.
+
+    How it differs from Airflow's:
+
+    - ``logical_date`` / ``data_interval_start`` are the start of the business period in the
+      DAG's timezone (UTC-converted), ``data_interval_end`` the start of the next one; ``ds``
+      is the business period's first day, so ``{{ ds }}`` renders the business date, not a
+      cron time.
+    - ``run_id`` is the Temporal workflow id; ``dag_run.conf`` is ``{"business_date": ...}``.
+    - ``ti.try_number`` is the activity attempt; ``ti.xcom_pull`` returns the upstream tasks'
+      return values from this workflow's own results. Other XCom keys do not cross tasks.
+    - ``params`` are the DAG's and task's params, validated as Airflow validates them.
+    """
     from airflow.sdk.definitions.param import process_params
     from airflow.sdk.execution_time.context import (
         ConnectionAccessor,

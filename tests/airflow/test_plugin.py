@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_plugins.lease import InvalidLeaseInput
@@ -29,7 +31,13 @@ def test_options_have_documented_defaults() -> None:
     assert config.horizon_days() == 400
     for name in ("enabled", "lease_conn_id", "ttl", "heartbeat", "opt_in_tag", "horizon_days"):
         assert name in config.OPTIONS
-        assert f"``{name}``" in (config.__doc__ or "")
+
+
+def test_every_option_is_in_the_users_options_table() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "airflow_plugin.md").read_text()
+    for option in config.OPTIONS.values():
+        default = f"`{option.default}`" if option.default else "*(empty)*"
+        assert f"| `{option.name}` | {default}" in guide, option.name
 
 
 def test_options_are_read_when_asked_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
