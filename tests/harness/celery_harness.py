@@ -97,7 +97,7 @@ class CeleryHarness(AirflowHarness):
         base = free_port_block(first=29000, last=29999, size=1)
         self.redis = RedisServer(base)
         self.celery = CeleryConfig(
-            redis_port=base, visibility_timeout=VISIBILITY_TIMEOUT, concurrency=4
+            redis_port=base, visibility_timeout=VISIBILITY_TIMEOUT, concurrency=6
         )
         super().__init__(admin_dsn, extra_env=CELERY_ENV, celery=self.celery)
 
