@@ -48,9 +48,8 @@ __all__ = ["celery_airflow"]
 
 pytestmark = [pytest.mark.celery]
 
-# Written and reviewed, not yet run green here: the machine's heavy lock stayed busy until the
-# deadline (a first run failed in the set-up, four tries did not fit on worker-a's 4 slots; the
-# harness now gives 6). Remove the mark after one green run of
+# The slow variants are written and reviewed, not yet run green here: the machine's heavy lock
+# stayed busy until the deadline. Remove the mark after one green run of
 #   flock /tmp/eo-heavy.lock .venv/bin/python -m pytest tests/e2e/test_celery.py -q
 NOT_YET_RUN = pytest.mark.skip(reason="not yet run green on this machine (see NOT_YET_RUN)")
 
@@ -144,7 +143,6 @@ def test_task_outliving_the_visibility_timeout_is_redelivered_while_it_runs(
     assert "Task already running elsewhere" in logs, "no message was re-delivered"
 
 
-@NOT_YET_RUN
 @pytest.mark.timeout(600)
 def test_worker_killed_mid_task_is_redelivered(celery: CeleryHarness) -> None:
     """Worker-a and every process it runs are SIGKILLed mid-run (its machine is lost). Its
@@ -172,7 +170,6 @@ def test_worker_killed_mid_task_is_redelivered(celery: CeleryHarness) -> None:
     assert b in workers.values(), describe_audit(audit(celery, runs["protected"]))
 
 
-@NOT_YET_RUN
 @pytest.mark.timeout(600)
 def test_frozen_worker_past_its_lease_is_refused_after_resume(celery: CeleryHarness) -> None:
     """Worker-a and everything it runs are SIGSTOPped past the lease (10 s) and the task
@@ -264,7 +261,6 @@ def test_same_business_date_triggered_twice_on_celery(celery: CeleryHarness) -> 
         assert_double_charged(celery, first[variant])
 
 
-@NOT_YET_RUN
 @pytest.mark.timeout(600)
 def test_redis_restarted_mid_run_loses_no_customer(celery: CeleryHarness) -> None:
     """Redis is restarted while four tries run on worker-a and four more wait in its queue.
