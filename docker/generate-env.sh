@@ -21,6 +21,7 @@ umask 077
     echo "RUNLEASE_TASK_PASSWORD=$(secret)"
     echo "RUNLEASE_OPERATOR_PASSWORD=$(secret)"
     echo "RUNLEASE_READER_PASSWORD=$(secret)"
+    echo "REDIS_PASSWORD=$(secret)"
     echo "AIRFLOW_JWT_SECRET=$(secret)"
     echo "AIRFLOW_FERNET_KEY=$(fernet)"
     echo "AIRFLOW_UID=50000"

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from airflow_plugins.demo.celery_workers import CeleryConfig
 from airflow_plugins.demo.processor import ProcessorProcess
 from airflow_plugins.demo.stack import AirflowStack
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, migrate
@@ -101,6 +102,7 @@ class BillingDeployment:
         dag_folders: bundle name -> folder (default: the repository's ``dags/``).
         enabled: the plugin's ``[exactly_once] enabled`` switch for the whole stack.
         extra_env: more Airflow settings.
+        celery: run the stack on CeleryExecutor with these workers (default: LocalExecutor).
     """
 
     def __init__(
@@ -110,7 +112,9 @@ class BillingDeployment:
         dag_folders: Mapping[str, Path] | None = None,
         enabled: bool = True,
         extra_env: Mapping[str, str] | None = None,
+        celery: CeleryConfig | None = None,
     ) -> None:
+        self.celery = celery
         self.admin_dsn = admin_dsn
         self.dag_folders = dict(dag_folders or {"examples": REPO_DAGS})
         self.enabled = enabled
@@ -148,6 +152,7 @@ class BillingDeployment:
                 PROCESSOR_CONN_ID: processor_url,
             },
             extra_env=env,
+            celery=self.celery,
         )
         return self.stack
 

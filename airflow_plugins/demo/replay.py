@@ -11,6 +11,13 @@ The charges of both are printed side by side; the last line is one JSON object w
 Postgres: ``--dsn`` (a superuser DSN of a server where databases may be created), else an
 embedded PostgreSQL started for the demo (as an unprivileged user when run as root).
 
+``--executor celery`` replays it on CeleryExecutor instead: two ``airflow celery worker``
+processes on the machine's Redis (127.0.0.1:6379, a database number of the demo's own). There a
+scheduler's death does not stop a try (the standby adopts the Celery task), so the incident's
+road is the worker's machine: worker-a, running the billing try, is SIGKILLed with every process
+it runs; its message was not acknowledged (``task_acks_late``), the scheduler fails the silent
+try after the task heartbeat timeout, and worker-b runs it again from the first customer.
+
 Airflow's failover timeouts are shortened (scheduler health threshold 15 s, orphan check 5 s,
 task heartbeat timeout 20 s) so the replay takes minutes, not the incident's four hours.
 """
@@ -28,9 +35,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psutil
+
 from airflow_plugins.demo.airflow_api import AirflowApi
+from airflow_plugins.demo.celery_workers import CeleryConfig
 from airflow_plugins.demo.deployment import BillingDeployment
-from airflow_plugins.demo.stack import ADMIN_USER, AirflowStack, free_port_block, wait_until
+from airflow_plugins.demo.stack import (
+    ADMIN_USER,
+    AirflowStack,
+    StackError,
+    free_port_block,
+    wait_until,
+)
 from airflow_plugins.demo.task_processes import find_task_processes
 
 DAG_ID = "billing_nightly"
@@ -97,10 +113,12 @@ def replay_once(
     stack = deployment.create()
     stack.start()
     api = AirflowApi(stack.base_url, ADMIN_USER, stack.passwords[ADMIN_USER])
+    on_celery = bool(stack.workers)
     try:
         wait_until(lambda: _parsed(api), timeout=180, what=f"DAG {DAG_ID} parsed")
-        # scheduler A runs the night; B is the standby that joins before A dies
-        stack.stop_component("scheduler-b", timeout=20)
+        # scheduler A (on Celery: worker A) runs the night; B is the standby that joins
+        # before A dies
+        stack.stop_component("worker-b" if on_celery else "scheduler-b", timeout=20)
         run_id = api.trigger_dag_run(
             DAG_ID,
             {"business_date": BUSINESS_DATE, "charge_delay": delay, "customers": customers},
@@ -118,6 +136,9 @@ def replay_once(
         procs = find_task_processes(
             deployment.metadata_dsn, DAG_ID, run_id, TASK_ID, scheduler_pids=schedulers
         )
+        if on_celery:
+            _lose_worker(stack, "worker-a", "worker-b", sig, label, len(_charges(deployment)), say)
+            return _result(deployment, api, run_id, label, customers, started, say)
         stack.start_scheduler("scheduler-b")
         _wait_schedulers(stack, 2)
         say(
@@ -125,11 +146,53 @@ def replay_once(
             f"{procs.task if procs else '?'}) after {len(_charges(deployment))} charges"
         )
         stack.signal("scheduler-a", sig)
-        run = api.wait_for_run_state(DAG_ID, run_id, timeout=900)
-        tries = len(api.task_tries(DAG_ID, run_id, TASK_ID))
-        say(f"[plugin {label}] billing run ended {run['state']} after {tries} tries")
+        return _result(deployment, api, run_id, label, customers, started, say)
     finally:
         api.close()
+
+
+def _lose_worker(
+    stack: AirflowStack,
+    lost: str,
+    standby: str,
+    sig: signal.Signals,
+    label: str,
+    charged: int,
+    say: Callable[[str], None],
+) -> None:
+    """Starts the standby worker, then sends ``sig`` to every process of worker ``lost``
+    (its main process, pool processes, supervisors and task processes: its machine is gone)."""
+    stack.start_worker(standby)
+    wait_until(lambda: stack.worker_ready(standby), timeout=120, what=f"{standby} ready")
+    pid = stack.components[lost].pid
+    if pid is None:
+        raise StackError(f"{lost} is not running")
+    main = psutil.Process(pid)
+    tree = [main, *main.children(recursive=True)]
+    say(
+        f"[plugin {label}] 02:03:14 {sig.name} to {lost} and its {len(tree) - 1} processes "
+        f"after {charged} charges"
+    )
+    stack.signal(lost, sig)
+    for proc in tree:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _result(
+    deployment: BillingDeployment,
+    api: AirflowApi,
+    run_id: str,
+    label: str,
+    customers: int,
+    started: float,
+    say: Callable[[str], None],
+) -> ReplayResult:
+    run = api.wait_for_run_state(DAG_ID, run_id, timeout=900)
+    tries = len(api.task_tries(DAG_ID, run_id, TASK_ID))
+    say(f"[plugin {label}] billing run ended {run['state']} after {tries} tries")
     rows = _charges(deployment)
     per_customer = Counter(r["customer"] for r in rows)
     amounts = {r["customer"]: 0 for r in rows}
@@ -208,14 +271,25 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--kill-after", type=int, default=20, help="charges made before the scheduler dies"
     )
-    parser.add_argument("--signal", choices=("SIGTERM", "SIGKILL"), default="SIGTERM")
+    parser.add_argument(
+        "--signal",
+        choices=("SIGTERM", "SIGKILL"),
+        default=None,
+        help="sent to scheduler-a (default SIGTERM), or on Celery to worker-a (default SIGKILL)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "celery"),
+        default="local",
+        help="LocalExecutor (default), or CeleryExecutor with two workers on Redis 6379",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Replays the incident without and with the plugin; prints both; last line: JSON."""
     args = _arguments(argv)
-    sig = signal.Signals[args.signal]
+    sig = signal.Signals[args.signal or ("SIGKILL" if args.executor == "celery" else "SIGTERM")]
     # a stopped demo still stops its Airflow processes and its embedded Postgres (finally:)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     embedded = None
@@ -231,7 +305,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     try:
         for enabled in (False, True):
-            deployment = BillingDeployment(admin_dsn, enabled=enabled, extra_env=DEMO_ENV)
+            deployment = BillingDeployment(
+                admin_dsn,
+                enabled=enabled,
+                extra_env=DEMO_ENV,
+                celery=CeleryConfig() if args.executor == "celery" else None,
+            )
             try:
                 results.append(
                     replay_once(
@@ -255,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "business_date": BUSINESS_DATE,
                 "customers": args.customers,
                 "signal": sig.name,
+                "executor": args.executor,
                 "without_plugin": without.as_json(),
                 "with_plugin": with_.as_json(),
             }

@@ -33,6 +33,8 @@ from typing import Any
 import psutil
 import psycopg
 
+from airflow_plugins.demo.celery_workers import CeleryConfig
+
 ADMIN_USER = "admin"
 VIEWER_USER = "viewer"
 
@@ -140,6 +142,7 @@ class AirflowStack:
         home: AIRFLOW_HOME (default: a new temporary folder, removed by ``stop``).
         port_base: first of 8 ports to listen on (default: a free block in 28000-28999).
         schedulers: how many schedulers to start (1 or 2).
+        celery: run CeleryExecutor with these workers and broker (default: LocalExecutor).
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class AirflowStack:
         home: Path | None = None,
         port_base: int | None = None,
         schedulers: int = len(SCHEDULERS),
+        celery: CeleryConfig | None = None,
     ) -> None:
         if not 1 <= schedulers <= len(SCHEDULERS):
             raise ValueError(f"schedulers must be 1..{len(SCHEDULERS)}, not {schedulers}")
@@ -162,7 +166,11 @@ class AirflowStack:
         self.extra_env = dict(extra_env or {})
         self._own_home = home is None
         self.home = Path(home or tempfile.mkdtemp(prefix="eo-airflow-"))
-        self.port_base = port_base if port_base is not None else free_port_block()
+        self.celery = celery
+        workers = len(celery.workers) if celery is not None else 0
+        # ports: api, 2 scheduler log servers, trigger logs, 3 health checks, triggerer logs;
+        # then one log server port per Celery worker
+        self.port_base = port_base if port_base is not None else free_port_block(size=8 + workers)
         self.api_port = self.port_base
         self.passwords = {ADMIN_USER: secrets.token_urlsafe(12), VIEWER_USER: "viewer-pw"}
         self.components: dict[str, Component] = {}
@@ -239,8 +247,15 @@ class AirflowStack:
         )
         for conn_id, uri in self.connections.items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = uri
+        if self.celery is not None:
+            env.update(self.celery.env(sqla))
         env.update(self.extra_env)
         return env
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """The component names of the Celery workers (none on LocalExecutor)."""
+        return tuple(self.celery.workers) if self.celery is not None else ()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -253,6 +268,8 @@ class AirflowStack:
         deadline = time.monotonic() + timeout
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps(self.passwords) + "\n")
+        if self.celery is not None:
+            self.celery.claim_broker(str(self.home))
         self.airflow("db", "migrate", timeout=120)
         self.start_component("api-server", "api-server", "--port", str(self.api_port))
         self.start_component("dag-processor", "dag-processor")
@@ -263,6 +280,8 @@ class AirflowStack:
             "triggerer",
             env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port_base + 5)},
         )
+        for name in self.workers:
+            self.start_worker(name)
         self.wait_healthy(timeout=max(5.0, deadline - time.monotonic()))
         return self
 
@@ -280,6 +299,27 @@ class AirflowStack:
                 ),
             },
         )
+
+    def start_worker(self, name: str) -> Component:
+        """Starts (or restarts) Celery worker ``name`` with its own worker log server port."""
+        if self.celery is None:
+            raise StackError("this stack runs LocalExecutor: it has no Celery workers")
+        index = self.workers.index(name)
+        # a restarted worker must not find its own log in the ready check
+        (self.home / f"{name}.log").unlink(missing_ok=True)
+        return self.start_component(
+            name,
+            *self.celery.worker_args(name),
+            env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port_base + 8 + index)},
+        )
+
+    def worker_ready(self, name: str) -> bool:
+        """True once Celery worker ``name`` consumes from the broker (its log says so)."""
+        log = self.home / f"{name}.log"
+        try:
+            return " ready." in log.read_text(errors="replace")
+        except FileNotFoundError:
+            return False
 
     def start_component(
         self, name: str, *args: str, env: Mapping[str, str] | None = None
@@ -362,6 +402,8 @@ class AirflowStack:
             except httpx.HTTPError:
                 return False
             jobs = self.running_jobs()
+            if not all(self.worker_ready(n) for n in self.workers if n not in self._allowed_dead):
+                return False
             return (
                 jobs.get("SchedulerJob", 0) >= schedulers
                 and jobs.get("TriggererJob", 0) >= 1
@@ -423,6 +465,8 @@ class AirflowStack:
         for proc in self.processes():
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
+        if self.celery is not None:
+            self.celery.release_broker()
         if self._own_home and not keep_home:
             shutil.rmtree(self.home, ignore_errors=True)
 

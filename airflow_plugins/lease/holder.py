@@ -7,9 +7,38 @@ import functools
 import json
 import os
 import socket
+import sys
 from typing import Any, Literal
 
 Engine = Literal["airflow", "temporal", "process"]
+
+# Names the executor worker a holder runs in, where the executor's own name cannot be seen (a
+# Kubernetes pod's name through the downward API, a systemd unit); it wins over Celery's.
+WORKER_ENV = "EXACTLY_ONCE_WORKER"
+
+
+def executor_worker() -> str | None:
+    """The name of the executor worker this process runs in, or None.
+
+    Every Celery worker on one machine has the same host name, and a task re-delivered by the
+    broker is the same try on another worker: the worker's node name (``worker-a@host``) tells
+    the two holders apart in the audit trail. Airflow's Celery task forks the try's supervisor
+    and the supervisor forks the task process (no exec on Linux), so the Celery task being
+    executed is still in this process's memory; Celery is only looked up if it is already
+    imported, never imported here. ``EXACTLY_ONCE_WORKER`` names the worker otherwise.
+    """
+    named = os.environ.get(WORKER_ENV)
+    if named:
+        return named
+    state = sys.modules.get("celery._state")
+    if state is None:
+        return None
+    try:
+        task = state.get_current_task()
+        hostname = getattr(getattr(task, "request", None), "hostname", None)
+    except Exception:  # an identity hint must never break a lease call
+        return None
+    return str(hostname) if hostname else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -17,12 +46,15 @@ class Holder:
     """The identity of one execution that holds (or asks for) a lease.
 
     Airflow fills dag/run/task/map index/try; Temporal fills workflow/run/activity/attempt;
-    any other Python service uses ``Holder.process``. Host and pid say where it runs.
+    any other Python service uses ``Holder.process``. Host and pid say where it runs, and
+    ``worker`` which executor worker on that host (a Celery node name, see
+    ``executor_worker``), so a re-delivered try shows as a new holder on another worker.
     """
 
     engine: Engine
     host: str = dataclasses.field(default_factory=socket.gethostname)
     pid: int = dataclasses.field(default_factory=os.getpid)
+    worker: str | None = dataclasses.field(default_factory=executor_worker)
     dag_id: str | None = None
     run_id: str | None = None
     task_id: str | None = None
@@ -81,7 +113,10 @@ class Holder:
     def from_json(cls, data: dict[str, Any]) -> Holder:
         """Reads a stored holder back; unknown fields are ignored."""
         names = _field_names()
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v for k, v in data.items() if k in names}
+        # a holder stored without a worker ran in none: not in the reader's
+        fields.setdefault("worker", None)
+        return cls(**fields)
 
     def describe(self) -> str:
         """A one-line description for logs and error messages."""
@@ -92,7 +127,8 @@ class Holder:
             who = f"{self.workflow_id}/{self.activity_id} attempt {self.attempt}"
         else:
             who = self.name or "process"
-        return f"{who} on {self.host} pid {self.pid}"
+        where = f"{self.worker} ({self.host})" if self.worker else self.host
+        return f"{who} on {where} pid {self.pid}"
 
 
 @functools.cache

@@ -22,6 +22,7 @@ DOCKER = Path(__file__).resolve().parents[2] / "docker"
 LONG_RUNNING = (
     "postgres",
     "temporal",
+    "redis",
     "airflow-apiserver",
     "airflow-scheduler-1",
     "airflow-scheduler-2",
@@ -30,7 +31,12 @@ LONG_RUNNING = (
     "bridge-worker",
     "watcher",
     "lease-agent",
+    "airflow-worker-1",
+    "airflow-worker-2",
 )
+# services started from the stack's own image (the Airflow ones): they wait for airflow-init
+AIRFLOW_IMAGE = LONG_RUNNING[3:]
+WORKERS = ("airflow-worker-1", "airflow-worker-2")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +91,7 @@ def test_startup_waits_on_health_and_schedulers_do_not_share_ports(
     compose: dict[str, Any],
 ) -> None:
     services = compose["services"]
-    for name in LONG_RUNNING[2:]:
+    for name in AIRFLOW_IMAGE:
         depends = services[name]["depends_on"]
         assert depends["postgres"]["condition"] == "service_healthy", name
         assert depends["airflow-init"]["condition"] == "service_completed_successfully", name
@@ -116,11 +122,40 @@ def test_temporal_has_its_own_persistence(compose: dict[str, Any]) -> None:
 
 def test_every_service_reaches_the_lease_store_and_metrics(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    for name in LONG_RUNNING[2:]:
+    for name in AIRFLOW_IMAGE:
         env = services[name]["environment"]
         assert env["AIRFLOW_CONN_EXACTLY_ONCE_LEASES"].endswith("/leases"), name
         assert env["AIRFLOW__METRICS__STATSD_ON"] == "True", name
-        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+
+
+def test_celery_workers_on_redis_with_the_result_backend_on_postgres(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    names = set()
+    for name in WORKERS:
+        command = _command(services[name])
+        assert command[:3] == ["airflow", "celery", "worker"], name
+        names.add(command[command.index("--celery-hostname") + 1])
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+        assert "inspect ping" in " ".join(services[name]["healthcheck"]["test"]), name
+    assert len(names) == len(WORKERS), "two workers with the same Celery node name"
+    env = services["airflow-worker-1"]["environment"]
+    assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://:")
+    assert env["AIRFLOW__CELERY__BROKER_URL"].endswith("@redis:6379/0")
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql://airflow:")
+    assert env["AIRFLOW__CELERY__TASK_ACKS_LATE"] == "True"
+    # the lease TTL is far below the visibility timeout: takeovers decide, not re-deliveries
+    visibility = int(env["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"])
+    assert int(env["AIRFLOW__EXACTLY_ONCE__TTL"]) * 10 < visibility
+    redis = services["redis"]
+    assert redis["environment"]["CHECK_SECRETS"] == "REDIS_PASSWORD"
+    assert "appendonly yes" in " ".join(_command(redis)), "the broker must keep its queue"
+    assert "redis-data" in compose["volumes"]
+    assert "REDIS_PASSWORD=" in (DOCKER / "env.example").read_text()
+    assert "REDIS_PASSWORD=" in (DOCKER / "generate-env.sh").read_text()
+    assert "[demo,celery]" in (DOCKER / "Dockerfile").read_text()
 
 
 def test_the_dockerfile_builds_airflow_3_3_with_the_package() -> None:
@@ -138,7 +173,15 @@ def test_the_dockerfile_builds_airflow_3_3_with_the_package() -> None:
 
 def test_the_readme_explains_the_stack() -> None:
     text = (DOCKER / "README.md").read_text()
-    for needed in ("docker compose", "watcher", "healthcheck", "two schedulers", "Temporal"):
+    for needed in (
+        "docker compose",
+        "watcher",
+        "healthcheck",
+        "two schedulers",
+        "Temporal",
+        "CeleryExecutor",
+        "Redis",
+    ):
         assert needed in text, needed
 
 
@@ -151,7 +194,7 @@ def test_the_lease_agent_shares_its_socket_with_the_task_processes(
     assert agent["healthcheck"]["test"][1:] == ["runlease", "agent", "--status"]
     socket = agent["environment"]["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"]
     folder = str(Path(socket).parent)
-    for name in ("lease-agent", "airflow-scheduler-1", "airflow-scheduler-2"):
+    for name in ("lease-agent", *WORKERS):
         env = services[name]["environment"]
         assert env["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"] == socket, name
         assert f"lease-agent:{folder}" in services[name]["volumes"], name

@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.demo.celery_workers import CeleryConfig
 from airflow_plugins.demo.deployment import BillingDeployment
 from airflow_plugins.demo.stack import ADMIN_USER, SCHEDULERS, VIEWER_USER, wait_until
 from airflow_plugins.demo.task_processes import TaskProcesses, find_task_processes
@@ -79,10 +80,18 @@ class AirflowHarness:
         viewer: (username, password) of a Viewer user.
     """
 
-    def __init__(self, admin_dsn: str, *, extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        admin_dsn: str,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        celery: CeleryConfig | None = None,
+    ) -> None:
         folders = {**DAG_FOLDERS, **EXTRA_DAG_FOLDERS}
         env = {**EXTRA_ENV, **(extra_env or {})}
-        self.deployment = BillingDeployment(admin_dsn, dag_folders=folders, extra_env=env)
+        self.deployment = BillingDeployment(
+            admin_dsn, dag_folders=folders, extra_env=env, celery=celery
+        )
         self.stack = self.deployment.create()
         self._install_shims()
         self.api: AirflowApi | None = None
