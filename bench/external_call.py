@@ -1,19 +1,24 @@
 """What the fence adds to each external call: fenced vs bare SDK calls to the same processor.
 
     .venv/bin/python bench/external_call.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-                                            [--items 200] [--rounds 3]
+                                            [--items 200] [--rounds 3] [--latency-ms 0]
 
 It starts the stand-in payment processor on 127.0.0.1 (in its own process, so its CPU is not
 counted in ours), makes a lease store and a sink in new databases of the server (dropped at the
 end), and charges ``--items`` customers each way, in alternating rounds:
 
 * ``bare``: the stripe SDK's PaymentIntent create with an idempotency key, nothing else;
-* ``fenced``: ``ExternalCalls.call`` under a held lease: the intended claim (a fenced
-  transaction), the same SDK call with the fence's headers, the answer's fenced record.
+* ``fenced``: ``ExternalCalls.call`` under a held lease: the intended claim (one fenced
+  statement: the token check and the ledger claim), the same SDK call with the fence's headers,
+  the answer's record (one fenced statement).
 
 First one call at a time (latency per item: p50 / p99, and the p50 the fence adds), then 8 calls
-in flight (8 threads, each with its own sink connection and keys; throughput, and the fenced
-over the bare ratio). The last line of stdout is one JSON object with the figures.
+in flight (8 threads, each with its own sink connection, lease key and SDK client, so no
+in-flight call waits for another's connection or fence row; throughput, and the fenced over the
+bare ratio). ``--latency-ms`` makes each charge take that long at the processor (a real one
+answers in hundreds of milliseconds); at 0 the processor answers at once and the run is bound by
+the cores it shares with the client and Postgres. The last line of stdout is one JSON object
+with the figures.
 """
 
 from __future__ import annotations
@@ -111,8 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
-    processor = ProcessorProcess(Path(tempfile.mkdtemp(prefix="eo-bench-")) / "processor.log")
+    processor = ProcessorProcess(
+        Path(tempfile.mkdtemp(prefix="eo-bench-")) / "processor.log",
+        latency=args.latency_ms / 1000,
+    )
     url = processor.start()
     lease_dsn = create_database(args.dsn, "eo_bench_leases")
     sink_dsn = create_database(args.dsn, "eo_bench_sink")
@@ -122,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         migrate(sink_dsn, SINK_FENCE)
         with LeaseStore(lease_dsn) as store:
             workers = [Ways(url, store, sink_dsn, n) for n in range(IN_FLIGHT)]
-            result = _measure(workers, args.items, args.rounds)
+            result = {"processor_latency_ms": args.latency_ms}
+            result.update(_measure(workers, args.items, args.rounds))
     finally:
         for w in workers:
             w.close()
