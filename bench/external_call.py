@@ -5,26 +5,28 @@
 
 It starts the stand-in payment processor on 127.0.0.1 (in its own process, so its CPU is not
 counted in ours), makes a lease store and a sink in new databases of the server (dropped at the
-end), and charges ``--items`` customers each way, in alternating rounds:
+end), and charges ``--items`` customers each way, the two ways side by side in each round:
 
 * ``bare``: the stripe SDK's PaymentIntent create with an idempotency key, nothing else;
 * ``fenced``: ``ExternalCalls.call`` under a held lease: the intended claim (one fenced
   statement: the token check and the ledger claim), the same SDK call with the fence's headers,
   the answer's record (one fenced statement).
 
-First one call at a time (latency per item: p50 / p99, and the p50 the fence adds), then 8 calls
-in flight (8 threads, each with its own sink connection, lease key and SDK client, so no
-in-flight call waits for another's connection or fence row; throughput, and the fenced over the
-bare ratio). ``--latency-ms`` makes each charge take that long at the processor (a real one
-answers in hundreds of milliseconds); at 0 the processor answers at once and the run is bound by
-the cores it shares with the client and Postgres. The last line of stdout is one JSON object
-with the figures.
+First one call at a time, the ways interleaved item by item (latency per item: p50 / p99, and
+the p50 the fence adds); then 8 calls in flight, in short slices taking turns (8 threads, each
+with its own sink connection, lease key and SDK client, so no in-flight call waits for another's
+connection or fence row; throughput, and the fenced over the bare ratio). ``--latency-ms``
+makes each charge take that long at the processor (a real one answers in hundreds of
+milliseconds); at 0 the processor answers at once and the run is bound by the cores it shares
+with the client and Postgres. The last line of stdout is one JSON object with the figures (and
+the machine's load average before and after: other work on the same cores shows there).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +53,7 @@ from airflow_plugins.lease import (
 from airflow_plugins.lease.external_call import ExternalCalls, OutgoingCall
 
 IN_FLIGHT = 8
+SLICES = 5  # in-flight slices per round, the two ways in turn
 DAY = "2024-02-15"
 
 
@@ -85,19 +88,22 @@ class Ways:
         self.conn.close()
 
 
-def one_at_a_time(way: Callable[[int], None], items: int) -> list[float]:
-    """Milliseconds per call, one call at a time."""
-    took = []
+def one_at_a_time(ways: Ways, items: int, offset: int) -> dict[str, list[float]]:
+    """Milliseconds per call, one call at a time, the two ways interleaved item by item (in
+    turn first), so a busy moment of the machine falls on both alike."""
+    took: dict[str, list[float]] = {"bare": [], "fenced": []}
     for i in range(items):
-        start = time.perf_counter()
-        way(i)
-        took.append((time.perf_counter() - start) * 1000)
+        for name in ("bare", "fenced") if i % 2 == 0 else ("fenced", "bare"):
+            way: Callable[[int], None] = getattr(ways, name)
+            start = time.perf_counter()
+            way(offset + i)
+            took[name].append((time.perf_counter() - start) * 1000)
     return took
 
 
-def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> float:
-    """Calls per second with one call in flight per worker (items numbered from ``offset``,
-    new ones each round: a fenced item answered before would not be sent again)."""
+def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> tuple[int, float]:
+    """Calls made and seconds taken with one call in flight per worker (items numbered from
+    ``offset``, new ones each time: a fenced item answered before would not be sent again)."""
     per = max(1, items // len(workers))
 
     def run(w: Ways) -> None:
@@ -108,7 +114,7 @@ def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> float:
     start = time.perf_counter()
     with ThreadPoolExecutor(len(workers)) as pool:
         list(pool.map(run, workers))
-    return per * len(workers) / (time.perf_counter() - start)
+    return per * len(workers), time.perf_counter() - start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,8 +137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         migrate(sink_dsn, SINK_FENCE)
         with LeaseStore(lease_dsn) as store:
             workers = [Ways(url, store, sink_dsn, n) for n in range(IN_FLIGHT)]
-            result = {"processor_latency_ms": args.latency_ms}
+            load = os.getloadavg()[0]
+            result: dict[str, Any] = {"processor_latency_ms": args.latency_ms}
             result.update(_measure(workers, args.items, args.rounds))
+            # the machine's 1-minute load average before and after: other work on its cores
+            result["load_average"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     finally:
         for w in workers:
             w.close()
@@ -150,22 +159,24 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
             w.bare(-1 - i)
             w.fenced(-1 - i)
     lat: dict[str, list[float]] = {"bare": [], "fenced": []}
-    rate: dict[str, list[float]] = {"bare": [], "fenced": []}
+    made: dict[str, int] = {"bare": 0, "fenced": 0}
+    took: dict[str, float] = {"bare": 0.0, "fenced": 0.0}
     per_round = max(1, items // rounds)
+    slice_items = max(IN_FLIGHT, per_round * 2 // SLICES)
     for r in range(rounds):
-        for name in ("bare", "fenced") if r % 2 == 0 else ("fenced", "bare"):
-            way: Callable[[int], None] = getattr(first, name)
-            offset = r * 100_000
-
-            def numbered(i: int, way: Callable[[int], None] = way, offset: int = offset) -> None:
-                way(offset + i)
-
-            lat[name] += one_at_a_time(numbered, per_round)
-            rate[name].append(in_flight(workers, name, per_round * 2, offset + 50_000))
-            print(f"round {r + 1} {name}: done", file=sys.stderr)
+        offset = r * 100_000
+        for name, got in one_at_a_time(first, per_round, offset).items():
+            lat[name] += got
+        # in short slices, the ways in turn: the machine's load changes over a run
+        for s in range(SLICES):
+            for name in ("bare", "fenced") if (r + s) % 2 == 0 else ("fenced", "bare"):
+                calls, seconds = in_flight(workers, name, slice_items, offset + 50_000 + s * 5000)
+                made[name] += calls
+                took[name] += seconds
+        print(f"round {r + 1}: done", file=sys.stderr)
     p50 = {n: percentile(v, 50) for n, v in lat.items()}
     p99 = {n: percentile(v, 99) for n, v in lat.items()}
-    throughput = {n: sum(v) / len(v) for n, v in rate.items()}
+    throughput = {n: made[n] / took[n] for n in made}
     result = {
         "items_per_way": len(lat["bare"]),
         "p50_ms": {n: round(v, 2) for n, v in p50.items()},
