@@ -53,6 +53,10 @@ from airflow_plugins.lease import (
 from airflow_plugins.lease.external_call import ExternalCalls, OutgoingCall
 
 IN_FLIGHT = 8
+COMMIT_SQL = (
+    "INSERT INTO bench_commit (k, n) VALUES (%(k)s, 1) "
+    "ON CONFLICT (k) DO UPDATE SET n = bench_commit.n + 1"
+)
 SLICES = 5  # in-flight slices per round, the two ways in turn
 DAY = "2024-02-15"
 
@@ -84,6 +88,11 @@ class Ways:
         item = f"{self.prefix}-fenced-{i}"
         self.calls.call(item, billing_charges.charge_params(DAY, item), self.send)
 
+    def commit(self, i: int) -> None:
+        """One durable single-row write on the sink connection: the floor under each of the
+        fenced call's two steps (each is one such commit)."""
+        self.conn.execute(COMMIT_SQL, {"k": i % 64})
+
     def close(self) -> None:
         self.conn.close()
 
@@ -91,9 +100,9 @@ class Ways:
 def one_at_a_time(ways: Ways, items: int, offset: int) -> dict[str, list[float]]:
     """Milliseconds per call, one call at a time, the two ways interleaved item by item (in
     turn first), so a busy moment of the machine falls on both alike."""
-    took: dict[str, list[float]] = {"bare": [], "fenced": []}
+    took: dict[str, list[float]] = {"bare": [], "fenced": [], "commit": []}
     for i in range(items):
-        for name in ("bare", "fenced") if i % 2 == 0 else ("fenced", "bare"):
+        for name in ("bare", "fenced", "commit") if i % 2 == 0 else ("commit", "fenced", "bare"):
             way: Callable[[int], None] = getattr(ways, name)
             start = time.perf_counter()
             way(offset + i)
@@ -135,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         migrate(lease_dsn, LEASE_STORE)
         migrate(sink_dsn, SINK_FENCE)
+        with psycopg.connect(sink_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_commit (k integer PRIMARY KEY, n bigint NOT NULL)")
         with LeaseStore(lease_dsn) as store:
             workers = [Ways(url, store, sink_dsn, n) for n in range(IN_FLIGHT)]
             load = os.getloadavg()[0]
@@ -158,7 +169,7 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
         for i in range(3):
             w.bare(-1 - i)
             w.fenced(-1 - i)
-    lat: dict[str, list[float]] = {"bare": [], "fenced": []}
+    lat: dict[str, list[float]] = {"bare": [], "fenced": [], "commit": []}
     made: dict[str, int] = {"bare": 0, "fenced": 0}
     took: dict[str, float] = {"bare": 0.0, "fenced": 0.0}
     per_round = max(1, items // rounds)
@@ -174,6 +185,7 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
                 made[name] += calls
                 took[name] += seconds
         print(f"round {r + 1}: done", file=sys.stderr)
+    commit = percentile(lat.pop("commit"), 50)
     p50 = {n: percentile(v, 50) for n, v in lat.items()}
     p99 = {n: percentile(v, 99) for n, v in lat.items()}
     throughput = {n: made[n] / took[n] for n in made}
@@ -182,13 +194,16 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
         "p50_ms": {n: round(v, 2) for n, v in p50.items()},
         "p99_ms": {n: round(v, 2) for n, v in p99.items()},
         "p50_added_ms": round(p50["fenced"] - p50["bare"], 2),
+        # one durable commit on the sink at the same moments: the fence adds two
+        "commit_p50_ms": round(commit, 2),
         "in_flight": IN_FLIGHT,
         "calls_per_s": {n: round(v, 1) for n, v in throughput.items()},
         "throughput_ratio": round(throughput["fenced"] / throughput["bare"], 3),
     }
     print(
         f"p50 per call: bare {p50['bare']:.2f} ms, fenced {p50['fenced']:.2f} ms "
-        f"(+{result['p50_added_ms']} ms); at {IN_FLIGHT} in flight: bare "
+        f"(+{result['p50_added_ms']} ms; one durable commit {commit:.2f} ms); at {IN_FLIGHT} "
+        "in flight: bare "
         f"{throughput['bare']:.0f}/s, fenced {throughput['fenced']:.0f}/s, "
         f"ratio {result['throughput_ratio']}"
     )
