@@ -325,7 +325,7 @@ class ExternalCalls:
                 got = cur.execute(query("external_call_get"), args).fetchone()
             assert got is not None
             row = got
-        if row["state"] == "intended" and row["request"] != out.params:
+        if row["state"] == "intended" and not row["same_request"]:
             raise InvalidLeaseInput(
                 f"{self.key}: {out.item!r} was intended with other parameters than this call's; "
                 "an item's request must not change between holders (its idempotency key would "

@@ -129,7 +129,7 @@ work:
               the intent row, no ledger row) and the answer's record (the answer, then the
               ledger row as ledger_claim below, then the caller's writes). The processor's
               side of the call is not modelled.
-              @sql queries:external_call_claim sha=c35cba8f1ef1
+              @sql queries:external_call_claim sha=904b3a92d3f3
               @sql queries:external_call_answer sha=55d0aee5652d */
            atomic { sink_up && fence_lock == NOBODY ->
                if

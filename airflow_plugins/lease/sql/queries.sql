@@ -277,6 +277,7 @@ LIMIT %(limit)s;
 -- is a send that may reach the processor). The token check and the claim commit together or
 -- not at all: a superseded token (fenced false) claims nothing. No claimed row (state NULL)
 -- with fenced true: the item's answer is recorded already (read it with external_call_get).
+-- same_request: the intended row's request is this call's (an earlier holder's must be).
 WITH bounded AS MATERIALIZED (
     SELECT set_config('lock_timeout', %(lock)s, true) AS lock_timeout
 ), advanced AS (
@@ -293,10 +294,10 @@ WITH bounded AS MATERIALIZED (
     FROM advanced a
     ON CONFLICT (key, generation, item) DO UPDATE SET token = excluded.token, sends = c.sends + 1
     WHERE c.state = 'intended'
-    RETURNING c.state, c.request, c.reference, c.answer, c.sends,
-              extract(epoch FROM clock_timestamp() - c.intended_at)::float8 AS age_s
+    RETURNING c.state, c.request = %(request)s::jsonb AS same_request, c.reference, c.answer,
+              c.sends, extract(epoch FROM clock_timestamp() - c.intended_at)::float8 AS age_s
 )
-SELECT EXISTS (SELECT FROM advanced) AS fenced, c.state, c.request, c.reference, c.answer,
+SELECT EXISTS (SELECT FROM advanced) AS fenced, c.state, c.same_request, c.reference, c.answer,
        c.sends, c.age_s
 FROM (SELECT) AS one LEFT JOIN claimed c ON true;
 
