@@ -4,13 +4,22 @@ The fence cannot refuse an HTTP call after it left, and a call made inside a fen
 would hold the key's fence row for the whole round trip (every item of the key waits) and be
 forgotten on rollback. So a call is three steps, the call outside any transaction:
 
-1. **claim** the item as *intended* in one fenced transaction: a row in ``runfence.external_call``
-   with the request and the item's idempotency key (the same for every holder of the key; a
-   holder taking over an intended item takes the row, counting one more send);
+1. **claim** the item as *intended*: one fenced statement (the fence advanced to the holder's
+   token and the row claimed in the same statement, one commit: a superseded holder claims
+   nothing), a row in ``runfence.external_call`` with the request and the item's idempotency
+   key (the same for every holder of the key; a holder taking over an intended item takes the
+   row, counting one more send);
 2. **send** the request with that idempotency key and the holder's ``X-Fencing-Token`` /
    ``X-Lease-Key`` (retried with the same key while the processor is unavailable);
-3. **record** the processor's answer (its reference, or a decline) in another fenced transaction,
-   with the caller's own business writes; the item is then done and never sent again.
+3. **record** the processor's answer (its reference, or a decline): one fenced statement (the
+   fence, the answer, the ledger row), alone its own commit, or the first statement of a
+   transaction with the caller's own business writes; the item is then done and never sent
+   again.
+
+Both commits are durable: the intent must survive a sink crash before the request leaves (a
+newer holder's lookup depends on it), the answer before the item is skipped. An advance that
+waits past ``lock_timeout`` for the fence row ends the key's older holders frozen in their
+fenced transactions and tries once more, as ``fenced_transaction`` does.
 
 The window between 1 and 3 (a holder frozen after the processor accepted, before its record) is
 closed by the processor: one that honours idempotency keys replays the first answer to the next
