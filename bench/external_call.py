@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/external_call.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
                                             [--items 200] [--rounds 3] [--latency-ms 0]
+                                            [--one-key]
 
 It starts the stand-in payment processor on 127.0.0.1 (in its own process, so its CPU is not
 counted in ours), makes a lease store and a sink in new databases of the server (dropped at the
@@ -15,7 +16,9 @@ end), and charges ``--items`` customers each way, the two ways side by side in e
 First one call at a time, the ways interleaved item by item (latency per item: p50 / p99, and
 the p50 the fence adds); then 8 calls in flight, in short slices taking turns (8 threads, each
 with its own sink connection, lease key and SDK client, so no in-flight call waits for another's
-connection or fence row; throughput, and the fenced over the bare ratio). ``--latency-ms``
+connection or fence row; throughput, and the fenced over the bare ratio; ``--one-key``: the 8
+share one lease, as one run's items in flight together, their connections still their own, so
+their fenced statements take the key's one fence row in turn). ``--latency-ms``
 makes each charge take that long at the processor (a real one answers in hundreds of
 milliseconds); at 0 the processor answers at once and the run is bound by the cores it shares
 with the client and Postgres. The last line of stdout is one JSON object with the figures (and
@@ -47,6 +50,7 @@ from airflow_plugins.lease import (
     LEASE_STORE,
     SINK_FENCE,
     Holder,
+    Lease,
     LeaseStore,
     migrate,
 )
@@ -70,12 +74,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 class Ways:
     """The two ways of making one item's call, for one worker (its own client and connection)."""
 
-    def __init__(self, url: str, store: LeaseStore, sink: str, worker: int) -> None:
+    def __init__(
+        self, url: str, store: LeaseStore, sink: str, worker: int, shared: Lease | None = None
+    ) -> None:
         self.client = billing_charges.stripe_client(url)
         self.send = billing_charges.stripe_sender(self.client)
         self.conn = psycopg.connect(sink, autocommit=True)
-        key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}-{worker}"
-        lease = store.acquire(key, Holder.process(f"bench-{worker}"), ttl=600).lease
+        lease = shared
+        if lease is None:
+            key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}-{worker}"
+            lease = store.acquire(key, Holder.process(f"bench-{worker}"), ttl=600).lease
         self.calls = ExternalCalls(lambda: self.conn, lease.key, lease.token)
         self.prefix = uuid.uuid4().hex[:8]
 
@@ -132,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--one-key", action="store_true")
     args = parser.parse_args(argv)
     processor = ProcessorProcess(
         Path(tempfile.mkdtemp(prefix="eo-bench-")) / "processor.log",
@@ -147,9 +156,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with psycopg.connect(sink_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE bench_commit (k integer PRIMARY KEY, n bigint NOT NULL)")
         with LeaseStore(lease_dsn) as store:
-            workers = [Ways(url, store, sink_dsn, n) for n in range(IN_FLIGHT)]
+            shared = None
+            if args.one_key:  # one run's items in flight together: one lease, one fence row
+                key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}"
+                shared = store.acquire(key, Holder.process("bench"), ttl=600).lease
+            workers = [Ways(url, store, sink_dsn, n, shared) for n in range(IN_FLIGHT)]
             load = os.getloadavg()[0]
-            result: dict[str, Any] = {"processor_latency_ms": args.latency_ms}
+            result: dict[str, Any] = {
+                "processor_latency_ms": args.latency_ms,
+                "one_key": args.one_key,
+            }
             result.update(_measure(workers, args.items, args.rounds))
             # the machine's 1-minute load average before and after: other work on its cores
             result["load_average"] = [round(load, 2), round(os.getloadavg()[0], 2)]
