@@ -561,12 +561,21 @@ class ProcessorProcess:
         log: where the process's output goes.
         check_tokens: the token-checking processor.
         idempotency: honour idempotency keys.
+        latency: seconds each charge takes at the processor (a real one's time to answer).
     """
 
-    def __init__(self, log: Path, *, check_tokens: bool = False, idempotency: bool = True) -> None:
+    def __init__(
+        self,
+        log: Path,
+        *,
+        check_tokens: bool = False,
+        idempotency: bool = True,
+        latency: float = 0.0,
+    ) -> None:
         self.log = log
         self.check_tokens = check_tokens
         self.idempotency = idempotency
+        self.latency = latency
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -580,6 +589,8 @@ class ProcessorProcess:
             args.append("--check-tokens")
         if not self.idempotency:
             args.append("--no-idempotency")
+        if self.latency > 0:
+            args += ["--latency", str(self.latency)]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
@@ -627,9 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--check-tokens", action="store_true")
     parser.add_argument("--no-idempotency", action="store_true")
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds each charge takes (default 0)"
+    )
     args = parser.parse_args(argv)
     processor = PaymentProcessor(
-        idempotency=not args.no_idempotency, check_tokens=args.check_tokens
+        idempotency=not args.no_idempotency, check_tokens=args.check_tokens, latency=args.latency
     )
     print(f"payment processor on {processor.start(args.port)}", flush=True)
     try:

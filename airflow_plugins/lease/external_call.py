@@ -4,13 +4,22 @@ The fence cannot refuse an HTTP call after it left, and a call made inside a fen
 would hold the key's fence row for the whole round trip (every item of the key waits) and be
 forgotten on rollback. So a call is three steps, the call outside any transaction:
 
-1. **claim** the item as *intended* in one fenced transaction: a row in ``runfence.external_call``
-   with the request and the item's idempotency key (the same for every holder of the key; a
-   holder taking over an intended item takes the row, counting one more send);
+1. **claim** the item as *intended*: one fenced statement (the fence advanced to the holder's
+   token and the row claimed in the same statement, one commit: a superseded holder claims
+   nothing), a row in ``runfence.external_call`` with the request and the item's idempotency
+   key (the same for every holder of the key; a holder taking over an intended item takes the
+   row, counting one more send);
 2. **send** the request with that idempotency key and the holder's ``X-Fencing-Token`` /
    ``X-Lease-Key`` (retried with the same key while the processor is unavailable);
-3. **record** the processor's answer (its reference, or a decline) in another fenced transaction,
-   with the caller's own business writes; the item is then done and never sent again.
+3. **record** the processor's answer (its reference, or a decline): one fenced statement (the
+   fence, the answer, the ledger row), alone its own commit, or the first statement of a
+   transaction with the caller's own business writes; the item is then done and never sent
+   again.
+
+Both commits are durable: the intent must survive a sink crash before the request leaves (a
+newer holder's lookup depends on it), the answer before the item is skipped. An advance that
+waits past ``lock_timeout`` for the fence row ends the key's older holders frozen in their
+fenced transactions and tries once more, as ``fenced_transaction`` does.
 
 The window between 1 and 3 (a holder frozen after the processor accepted, before its record) is
 closed by the processor: one that honours idempotency keys replays the first answer to the next
@@ -28,25 +37,31 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from airflow_plugins.lease.errors import InvalidLeaseInput, LeaseError, StaleToken
+from airflow_plugins.lease.errors import FenceBusy, InvalidLeaseInput, LeaseError, StaleToken
+from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.queries import query
 from airflow_plugins.lease.sink_fence import (
     DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT,
     FencedWrite,
     _check_item,
-    fenced_transaction,
+    _end_older_holders,
+    fence_token,
+    holder_mark,
     idempotency_key,
 )
 
 # Stripe prunes idempotency keys once they are 24 h old; an item intended longer ago than this
 # is not re-sent blindly (the processor may have forgotten the key): it needs a lookup.
 DEFAULT_REPLAY_WINDOW_S = 23 * 3600.0
+
+_T = TypeVar("_T")
 
 
 class ProcessorUnavailable(LeaseError):
@@ -174,6 +189,9 @@ class ExternalCalls:
         token: the holder's fencing token.
         idempotency_scope: the key idempotency keys are built from (a shadow's primary key).
         shadow: record what would be sent instead of sending.
+        idle_timeout: a session idle inside the answer's transaction is ended after it.
+        lock_timeout: how long a fenced step waits for the key's fence row before ending the
+            key's older holders frozen in their fenced transactions (as fenced_transaction).
         check: called before each step; raises when the holder must stop.
         generation: the lease's re-run generation (``Lease.generation``): an approved re-run
             calls each item once more, with idempotency keys of its own.
@@ -188,6 +206,7 @@ class ExternalCalls:
         idempotency_scope: str | None = None,
         shadow: bool = False,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         retry: RetryPolicy | None = None,
         replay_window_s: float = DEFAULT_REPLAY_WINDOW_S,
         check: Callable[[], None] = lambda: None,
@@ -200,12 +219,16 @@ class ExternalCalls:
         self.scope = idempotency_scope or key
         self.shadow = shadow
         self.idle_timeout = idle_timeout
+        self.lock_timeout = lock_timeout
         self.retry = retry or RetryPolicy()
         self.replay_window_s = replay_window_s
         self._check = check
         self._sleep = sleep
         self.would_send: list[dict[str, Any]] = []
         self.generation = generation
+        # what fence_begin sets, for the fenced statements (a session idle inside the answer's
+        # transaction is ended; the advance waits at most lock_timeout; the holder's mark)
+        self._bounds: dict[str, str] | None = None
 
     def outgoing(self, item: str, params: dict[str, Any]) -> OutgoingCall:
         """The request ``call`` would make for ``item``."""
@@ -268,25 +291,50 @@ class ExternalCalls:
             sent = not isinstance(answer, _Found)
         return self._record(out, answer, record, sent)
 
+    def _fence_bounds(self) -> dict[str, str]:
+        """What fence_begin sets, for the fenced statements: the session is ended if it idles
+        inside the answer's transaction, the advance waits at most ``lock_timeout``, the
+        session is marked as the key's holder of this token (checked as fenced_transaction
+        checks them).
+
+        Raises:
+            InvalidLeaseInput: bad key, token, generation or timeout.
+        """
+        check_key(self.key)
+        token, generation = self.token, self.generation
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            raise InvalidLeaseInput(f"a fencing token is a positive integer, not {token!r}")
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise InvalidLeaseInput(f"a ledger generation is an integer >= 0, not {generation!r}")
+        if self.idle_timeout <= 0 or self.lock_timeout <= 0:
+            raise InvalidLeaseInput("idle_timeout and lock_timeout must be positive")
+        return {
+            "idle": f"{round(self.idle_timeout * 1000)}ms",
+            "lock": f"{round(self.lock_timeout * 1000)}ms",
+            "mark": holder_mark(self.key, token),
+        }
+
     def _claim(self, out: OutgoingCall) -> dict[str, Any]:
-        conn = self._connect()
-        with fenced_transaction(
-            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
-        ):
-            args = {
-                "key": self.key,
-                "generation": self.generation,
-                "item": out.item,
-                "idempotency_key": out.idempotency_key,
-                "request": Jsonb(out.params),
-                "token": self.token,
-            }
+        if self._bounds is None:
+            self._bounds = self._fence_bounds()
+        args = {
+            **self._bounds,
+            "key": self.key,
+            "generation": self.generation,
+            "item": out.item,
+            "idempotency_key": out.idempotency_key,
+            "request": Jsonb(out.params),
+            "token": self.token,
+        }
+        conn = self._connection()
+        # the token check and the claim: one statement, one transaction (one round trip)
+        row = self._fenced(conn, lambda: self._one(conn, "external_call_claim", args))
+        if row["state"] is None:  # answered already: nothing to send
             with conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(query("external_call_claim"), args).fetchone()
-                if row is None:  # answered already: nothing to send
-                    row = cur.execute(query("external_call_get"), args).fetchone()
-        assert row is not None
-        if row["state"] == "intended" and row["request"] != out.params:
+                got = cur.execute(query("external_call_get"), args).fetchone()
+            assert got is not None
+            row = got
+        if row["state"] == "intended" and not row["same_request"]:
             raise InvalidLeaseInput(
                 f"{self.key}: {out.item!r} was intended with other parameters than this call's; "
                 "an item's request must not change between holders (its idempotency key would "
@@ -316,34 +364,85 @@ class ExternalCalls:
         self, out: OutgoingCall, answer: CallAnswer, record: Record | None, sent: bool
     ) -> CallResult:
         result = CallResult(out.item, answer.state, answer.reference, dict(answer.detail), sent)
-        conn = self._connect()
-        with fenced_transaction(
-            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
-        ) as tx:
-            got = conn.execute(
-                query("external_call_answer"),
-                {
-                    "key": self.key,
-                    "generation": self.generation,
-                    "item": out.item,
-                    "state": answer.state,
-                    "reference": answer.reference,
-                    "answer": Jsonb(answer.detail),
-                    "token": self.token,
-                },
-            ).fetchone()
-            if got is None:  # recorded meanwhile (cannot happen under the fence; be exact)
-                with conn.cursor(row_factory=dict_row) as cur:
-                    row = cur.execute(
-                        query("external_call_get"),
-                        {"key": self.key, "generation": self.generation, "item": out.item},
-                    ).fetchone()
-                assert row is not None
-                return _recorded(out.item, row)
-            tx.claim(out.item)  # the item is done: the sink's ledger says so, as for SQL writes
-            if record is not None:
-                record(tx, result)
+        assert self._bounds is not None  # set by the claim
+        args = {
+            **self._bounds,
+            "key": self.key,
+            "generation": self.generation,
+            "item": out.item,
+            "state": answer.state,
+            "reference": answer.reference,
+            "answer": Jsonb(answer.detail),
+            "token": self.token,
+        }
+        conn = self._connection()
+
+        def answered() -> bool:
+            if record is None:
+                # alone: one statement, its own transaction (one round trip)
+                return bool(self._one(conn, "external_call_answer", args)["answered"])
+            with conn.transaction():
+                # the fence, the answer and the ledger row first, then the caller's writes,
+                # all in one commit
+                if not self._one(conn, "external_call_answer", args)["answered"]:
+                    return False
+                record(FencedWrite(conn, self.key, self.token, self.generation), result)
+            return True
+
+        if not self._fenced(conn, answered):
+            # recorded meanwhile (cannot happen under the fence; be exact)
+            with conn.cursor(row_factory=dict_row) as cur:
+                row = cur.execute(query("external_call_get"), args).fetchone()
+            assert row is not None
+            return _recorded(out.item, row)
         return result
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._connect()
+        # each fenced step is its own commit (the claim must be durable before the call
+        # leaves): inside a caller's open transaction it would commit later, with theirs
+        if not conn.autocommit:
+            raise InvalidLeaseInput("external calls need an autocommit sink connection")
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise InvalidLeaseInput("an external call needs a connection with no open transaction")
+        return conn
+
+    def _one(
+        self, conn: psycopg.Connection[Any], name: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The one row of a fenced statement; StaleToken when the fence refused the token."""
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                row: dict[str, Any] | None = cur.execute(query(name), args).fetchone()
+        except psycopg.errors.LockNotAvailable as exc:
+            raise _FenceLocked from exc
+        assert row is not None
+        if not row["fenced"]:
+            raise StaleToken(self.key, self.token, fence_token(conn, self.key))
+        return row
+
+    def _fenced(self, conn: psycopg.Connection[Any], run: Callable[[], _T]) -> _T:
+        """``run`` (one fenced statement, or a transaction starting with one); when the
+        key's fence row stays locked past the bound, the key's older holders frozen in their
+        fenced transactions are ended and ``run`` is tried once more (as fenced_transaction
+        does)."""
+        ended_older = False
+        while True:
+            try:
+                return run()
+            except _FenceLocked:
+                if ended_older:
+                    raise FenceBusy(
+                        self.key,
+                        self.token,
+                        f"its fence row stayed locked for {self.lock_timeout:.3g} s again",
+                    ) from None
+            # False: only this holder's own other transactions hold it; wait for them
+            ended_older = _end_older_holders(conn, self.key, self.token, self.lock_timeout)
+
+
+class _FenceLocked(Exception):
+    """A fenced statement waited for the key's fence row past its bound."""
 
 
 class _Found(CallAnswer):

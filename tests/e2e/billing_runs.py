@@ -9,7 +9,9 @@ date (so their charges and leases never mix):
 * ``untagged``    the same task without the tag.
 
 The assertions are about rows in the billing database: 340 customers, each charged exactly
-once, none missed; or, for the unprotected twins, the duplicates that plain Airflow makes.
+once, none missed; or, for the unprotected twins, the duplicates that plain Airflow makes. The
+two variants that bill through the payment processor (``protected``, ``unprotected``) are also
+counted where the incident counted them: the charges the processor made.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ VARIANTS = {
 }
 PROTECTED = ("protected", "tagged")
 UNPROTECTED = ("unprotected", "untagged")
+# the variants whose charge task bills through the payment processor (charge_at_processor);
+# the tagged/untagged ones write billing rows only
+AT_PROCESSOR = ("protected", "unprotected")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,20 +140,39 @@ def tries(airflow: AirflowHarness, run: BillingRun) -> int:
     return len(airflow.task_tries(run.dag_id, run.run_id, TASK))
 
 
+def processor_tally(airflow: AirflowHarness, business_date: str) -> collections.Counter[str]:
+    """Charges the payment processor made for ``business_date``, per customer."""
+    return collections.Counter(
+        c["metadata"]["customer"] for c in airflow.processor_charges(business_date)
+    )
+
+
 def assert_exactly_once(airflow: AirflowHarness, run: BillingRun) -> Tally:
-    """Every customer charged once for the run's date: no duplicate, none missed."""
+    """Every customer charged once for the run's date: no duplicate, none missed (in the
+    billing table, and at the processor for a variant billing through it)."""
     got = tally(airflow, run.business_date)
     assert got.double_charged == 0, f"{run.variant}: {got.summary()}"
     assert got.missing == 0, f"{run.variant}: {got.summary()}"
     assert got.rows == CUSTOMERS, f"{run.variant}: {got.summary()}"
+    if run.variant in AT_PROCESSOR:
+        at = processor_tally(airflow, run.business_date)
+        twice = sorted(c for c, n in at.items() if n > 1)
+        assert sum(at.values()) == CUSTOMERS, f"{run.variant}: processor charged twice {twice}"
+        assert set(at) == set(got.per_customer), f"{run.variant}: processor missed some"
     return got
 
 
 def assert_double_charged(airflow: AirflowHarness, run: BillingRun) -> Tally:
-    """Plain Airflow's harm shows: some customers charged twice (and none missed)."""
+    """Plain Airflow's harm shows: some customers charged twice (and none missed), at the
+    processor too for a variant billing through it."""
     got = tally(airflow, run.business_date)
     assert got.double_charged > 0, f"{run.variant} did not double-charge: {got.summary()}"
     assert got.missing == 0, f"{run.variant}: {got.summary()}"
+    if run.variant in AT_PROCESSOR:
+        at = processor_tally(airflow, run.business_date)
+        # every duplicate row is a second call; a call whose row was lost is one more
+        assert sum(1 for n in at.values() if n > 1) >= got.double_charged, at
+        assert len(at) == CUSTOMERS, f"{run.variant}: processor missed some"
     return got
 
 

@@ -124,6 +124,13 @@ work:
               holder frozen inside its statement is ended by the newer holder's bounded
               advance, fence_end_older_holders: modelled as the killed/cut session below) */
            /* @sql queries:fence_advance_bounded sha=686fee3265f3 */
+           /* An external call's two fenced steps are this same advance fused into one
+              statement with their writes, one commit each: the intended claim (its write is
+              the intent row, no ledger row) and the answer's record (the answer, then the
+              ledger row as ledger_claim below, then the caller's writes). The processor's
+              side of the call is not modelled.
+              @sql queries:external_call_claim sha=904b3a92d3f3
+              @sql queries:external_call_answer sha=55d0aee5652d */
            atomic { sink_up && fence_lock == NOBODY ->
                if
                :: fence <= tok[h] -> fence_lock = h          /* GUARD: fence token */

@@ -270,16 +270,37 @@ ORDER BY at DESC
 LIMIT %(limit)s;
 
 -- name: external_call_claim
--- Claims an item as intended (a new row, sends 1), or takes over the intended row an earlier
--- holder left (sends + 1: every claim is a send that may reach the processor). Nothing comes
--- back when the item's answer is recorded already.
-INSERT INTO runfence.external_call AS c (key, generation, item, idempotency_key, request, token,
-                                         sends)
-VALUES (%(key)s, %(generation)s, %(item)s, %(idempotency_key)s, %(request)s, %(token)s, 1)
-ON CONFLICT (key, generation, item) DO UPDATE SET token = excluded.token, sends = c.sends + 1
-WHERE c.state = 'intended'
-RETURNING state, request, reference, answer, sends,
-          extract(epoch FROM clock_timestamp() - intended_at)::float8 AS age_s;
+-- The whole intended claim in one statement (its own transaction on an autocommit connection):
+-- the fence advanced to the holder's token under the fence row's lock, as fence_advance_bounded
+-- does (waiting at most %(lock)s for the row; the caller then ends older holders frozen in
+-- their fenced transactions and tries once more), then the item claimed as intended (a new
+-- row, sends 1) or the intended row an earlier holder left taken over (sends + 1: every claim
+-- is a send that may reach the processor). The token check and the claim commit together or
+-- not at all: a superseded token (fenced false) claims nothing. No claimed row (state NULL)
+-- with fenced true: the item's answer is recorded already (read it with external_call_get).
+-- same_request: the intended row's request is this call's (an earlier holder's must be).
+WITH bounded AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock)s, true) AS lock_timeout
+), advanced AS (
+    INSERT INTO runfence.fence AS f (key, token)
+    SELECT %(key)s::text, %(token)s::bigint FROM bounded
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
+    WHERE f.token <= excluded.token
+    RETURNING f.token
+), claimed AS (
+    INSERT INTO runfence.external_call AS c (key, generation, item, idempotency_key, request,
+                                             token, sends)
+    SELECT %(key)s::text, %(generation)s::integer, %(item)s::text, %(idempotency_key)s::text,
+           %(request)s::jsonb, a.token, 1
+    FROM advanced a
+    ON CONFLICT (key, generation, item) DO UPDATE SET token = excluded.token, sends = c.sends + 1
+    WHERE c.state = 'intended'
+    RETURNING c.state, c.request = %(request)s::jsonb AS same_request, c.reference, c.answer,
+              c.sends, extract(epoch FROM clock_timestamp() - c.intended_at)::float8 AS age_s
+)
+SELECT EXISTS (SELECT FROM advanced) AS fenced, c.state, c.same_request, c.reference, c.answer,
+       c.sends, c.age_s
+FROM (SELECT) AS one LEFT JOIN claimed c ON true;
 
 -- name: external_call_get
 SELECT state, request, reference, answer, sends,
@@ -288,12 +309,41 @@ FROM runfence.external_call
 WHERE key = %(key)s AND generation = %(generation)s AND item = %(item)s;
 
 -- name: external_call_answer
--- Records the processor's answer; no row comes back when it was recorded already.
-UPDATE runfence.external_call
-SET state = %(state)s, reference = %(reference)s, answer = %(answer)s, token = %(token)s,
-    answered_at = clock_timestamp()
-WHERE key = %(key)s AND generation = %(generation)s AND item = %(item)s AND state = 'intended'
-RETURNING item;
+-- The answer's record in one statement: fence_begin's settings (the session is ended if it
+-- idles inside the transaction, marked as the key's holder of its token, the advance bounded
+-- by %(lock)s), the fence advanced as fence_advance_bounded does (restoring the session's
+-- lock_timeout once it holds the row, for the caller's own writes after it), the processor's
+-- answer recorded and the item claimed in the ledger (done: never sent again). Alone on an
+-- autocommit connection it is its own transaction; with the caller's writes it is the first
+-- statement of theirs. fenced false: superseded, nothing written; answered false with fenced
+-- true: the answer was recorded already.
+WITH begun AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS prior,
+           set_config('idle_in_transaction_session_timeout', %(idle)s, true),
+           set_config('lock_timeout', %(lock)s, true),
+           set_config('application_name', %(mark)s, true)
+), advanced AS (
+    INSERT INTO runfence.fence AS f (key, token)
+    SELECT %(key)s::text, %(token)s::bigint FROM begun
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
+    WHERE f.token <= excluded.token
+    RETURNING f.token, set_config('lock_timeout', (SELECT b.prior FROM begun b), true)
+), answered AS (
+    UPDATE runfence.external_call AS c
+    SET state = %(state)s::text, reference = %(reference)s::text, answer = %(answer)s::jsonb,
+        token = a.token, answered_at = clock_timestamp()
+    FROM advanced a
+    WHERE c.key = %(key)s::text AND c.generation = %(generation)s::integer
+      AND c.item = %(item)s::text AND c.state = 'intended'
+    RETURNING c.item
+), done AS (
+    INSERT INTO runfence.ledger (key, generation, item, token)
+    SELECT %(key)s::text, %(generation)s::integer, n.item, %(token)s::bigint FROM answered n
+    ON CONFLICT (key, generation, item) DO NOTHING
+    RETURNING item
+)
+SELECT EXISTS (SELECT FROM advanced) AS fenced, EXISTS (SELECT FROM answered) AS answered,
+       (SELECT count(*) FROM done) AS ledger_rows;
 
 -- name: external_calls_of
 -- The recorded external calls of some keys (the comparison, the demo).
