@@ -59,6 +59,7 @@ from airflow_plugins.protection import (
     early_acquire,
     recorded_result,
     routing,
+    task_state_store,
 )
 from airflow_plugins.protection.task_identity import TaskTarget, target_from_context
 
@@ -433,6 +434,9 @@ def run_try(
             store = config.task_lease_store(protection.lease_conn_id)
         except InvalidLeaseInput as exc:
             raise _retryable(f"exactly-once: {exc}") from exc
+    # the body sees the lease's task state as context["task_state_store"] (durable operators:
+    # their submit_job fenced too)
+    body = task_state_store.with_task_state(task, context, body)
     try:
         return _decide(task, store, target, protection, body, audit_input, early)
     finally:
