@@ -18,6 +18,10 @@ wraps, so they decide outcomes the same way:
 * the lease store is unreachable: the task defers on ``LeaseStoreReachableTrigger`` and acquires
   again when it answers; no retry is used up and the body never runs without a lease.
 
+While the body runs, ``context["task_state_store"]`` is the lease's task state (per business
+key, written only under this try's token) and a durable operator's ``submit_job`` is fenced
+(``airflow_plugins.protection.task_state_store``).
+
 A sanctioned re-run of a succeeded business date is approved by an administrator where the
 permission can be checked: the pages' approve action (Op/Admin) or ``runlease override``,
 each audited under its actor. A task process cannot ask Airflow's auth manager, and anyone who
