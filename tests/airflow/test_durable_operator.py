@@ -327,3 +327,25 @@ def test_without_find_job_a_takeover_in_doubt_fails_and_submits_nothing(
     with pytest.raises(AirflowFailException, match=r"idempotency key [0-9a-f]{64}"):
         task.execute(_context(task, logical_date=NIGHT, try_number=2))
     assert [job for job, _ in jobs.jobs()] == ["job-1"]
+
+
+def test_the_lease_store_has_airflows_task_state_store_interface() -> None:
+    """Every public method of Airflow's accessor, with the same parameters."""
+    import inspect
+
+    from airflow.sdk.execution_time.context import TaskStateStoreAccessor
+
+    def public(cls: type) -> dict[str, list[tuple[str, Any, Any]]]:
+        return {
+            name: [
+                (p.name, p.kind, p.default)
+                for p in inspect.signature(getattr(cls, name)).parameters.values()
+            ]
+            for name in dir(cls)
+            if not name.startswith("_") and callable(getattr(cls, name))
+        }
+
+    airflows = public(TaskStateStoreAccessor)
+    ours = public(LeaseTaskStateStore)
+    assert set(airflows) == {"get", "set", "delete", "clear"}
+    assert {name: ours[name] for name in airflows} == airflows
