@@ -429,7 +429,7 @@ def measure(
     small = min(10_000, rows // 10)
     log(f"latency with {small:,} and {rows:,} lease rows (loading, this takes a while):")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE runlease.lease")
+        conn.execute("TRUNCATE runlease.lease CASCADE")
     migrate(small_dsn, LEASE_STORE)
     out["load_seconds_small"] = round(load_rows(small_dsn, 1, small // DAYS), 2)
     out["load_seconds_large"] = round(load_rows(dsn, 1, rows // DAYS), 2)

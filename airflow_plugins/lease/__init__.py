@@ -56,6 +56,7 @@ from airflow_plugins.lease.store import (
     Outcome,
     check_ttl,
 )
+from airflow_plugins.lease.task_state import JobInDoubt, JobIntent, TaskState
 
 __all__ = [
     "LEASE_STORE",
@@ -68,6 +69,8 @@ __all__ = [
     "FencedWrite",
     "Holder",
     "InvalidLeaseInput",
+    "JobInDoubt",
+    "JobIntent",
     "Lease",
     "LeaseError",
     "LeaseKeeper",
@@ -82,6 +85,7 @@ __all__ = [
     "ProcessorUnavailable",
     "RetryPolicy",
     "StaleToken",
+    "TaskState",
     "advance_fence",
     "check_key",
     "check_ttl",

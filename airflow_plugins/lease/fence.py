@@ -35,6 +35,7 @@ from airflow_plugins.lease.external_call import (
     checked_answer,
 )
 from airflow_plugins.lease.sink_fence import DEFAULT_IDLE_TIMEOUT
+from airflow_plugins.lease.task_state import TaskState
 
 SinkConnect = Callable[[], "psycopg.Connection[Any]"]
 
@@ -139,6 +140,7 @@ class Fence:
         # whatever it returns afterwards (a swallowed stop) is not the key's whole work
         self.stop_raised = False
         self._calls: ExternalCalls | None = None
+        self._state: TaskState | None = None
 
     @classmethod
     def unprotected(
@@ -187,6 +189,25 @@ class Fence:
         if self.stop_event.is_set():
             self.stop_raised = True
             raise FenceStopped(self.key, self.token, self.stop_reason or "told to stop")
+
+    # -- durable task state ------------------------------------------------------------------
+
+    def attach_state(self, state: TaskState) -> None:
+        """Gives the body its key's task state (``run_under_lease`` does, before the body)."""
+        self._state = state
+
+    @property
+    def state(self) -> TaskState:
+        """The key's durable task state: values and submitted jobs, kept in the lease store
+        under the lease key, written only while this holder holds the lease
+        (``airflow_plugins.lease.task_state``).
+
+        Raises:
+            RuntimeError: no lease protects this body (protection is off).
+        """
+        if self._state is None:
+            raise RuntimeError(f"{self.key}: no durable task state: no lease protects this body")
+        return self._state
 
     # -- the sink ---------------------------------------------------------------------------
 

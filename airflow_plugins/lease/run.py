@@ -4,7 +4,8 @@ The sink's fence is raised to the lease's token, a keeper renews the lease while
 and the body's outcome ends the lease: a returned result is recorded durably (retried while the
 store is away, the keeper still renewing), an error fails the lease, a stop releases it. Airflow's
 protected try and the bridge's activity both call ``run_under_lease``; each turns the errors
-raised here into its engine's own (a retryable or a final task failure).
+raised here into its engine's own (a retryable or a final task failure). The body's fence
+carries the key's durable task state (``fence.state``), written only under this lease.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from airflow_plugins.lease.errors import (
 from airflow_plugins.lease.fence import Fence, FenceStopped
 from airflow_plugins.lease.keeper import LeaseKeeper
 from airflow_plugins.lease.store import Lease, LeaseStore
+from airflow_plugins.lease.task_state import TaskState
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ def run_under_lease(
             on_lost(fence, reason)
 
     keeper = LeaseKeeper(store, lease, interval=interval, on_lost=lost)
+    fence.attach_state(TaskState(store, lease, check=fence.check))
     try:
         try:
             fence.advance_sink_fence()

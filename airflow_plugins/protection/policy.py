@@ -20,7 +20,7 @@ from typing import Any
 from airflow.policies import hookimpl
 
 from airflow_plugins.lease.fence import Fence
-from airflow_plugins.protection import config, connection_warmup, protected_try
+from airflow_plugins.protection import config, connection_warmup, protected_try, task_state_store
 from airflow_plugins.protection.protected_try import Protection
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,9 @@ def _wrappable(task: Any) -> bool:
     from airflow.providers.standard.operators.bash import BashOperator
     from airflow.providers.standard.operators.python import PythonOperator
 
-    return isinstance(task, PythonOperator | BashOperator)
+    return isinstance(task, PythonOperator | BashOperator) or task_state_store.is_durable_operator(
+        task
+    )
 
 
 def self_fence(fence: Fence, reason: str) -> None:
@@ -185,8 +187,20 @@ def _wrappable_mapped(task: Any) -> bool:
     return (
         isinstance(task, MappedOperator)
         and isinstance(operator_class, type)
-        and issubclass(operator_class, PythonOperator | BashOperator)
+        and issubclass(operator_class, PythonOperator | BashOperator | _durable_base())
     )
+
+
+def _durable_base() -> type:
+    try:
+        from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
+    except ImportError:  # an Airflow before 3.3
+        return _NoDurableBase
+    return ResumableJobMixin
+
+
+class _NoDurableBase:
+    """No operator is one of these: the durable base where Airflow has none."""
 
 
 def _protected_operator(task: Any) -> bool:
@@ -208,7 +222,9 @@ def _own_lease_conn_id(task: Any) -> str | None:
 def task_policy(task: Any) -> None:
     """Wraps the tasks of opted-in DAGs; warms the lease store for a protected task.
 
-    A wrapped ``PythonOperator``, ``@task`` or ``BashOperator`` gets:
+    A wrapped ``PythonOperator``, ``@task``, ``BashOperator`` or durable operator (Airflow
+    3.3's ``ResumableJobMixin``: its job is submitted once per business key and re-attached to
+    by later tries and runs, ``airflow_plugins.protection.task_state_store``) gets:
 
     - one holder per key (``dag/task/business_date``): a second try, a cleared task or a second
       DAG run of the same business date waits (deferred) while the first holds the lease;
@@ -250,7 +266,8 @@ def task_policy(task: Any) -> None:
         wrap(task)
     else:
         log.warning(
-            "exactly-once policy: %s (%s) is not a Python/Bash task and is NOT protected",
+            "exactly-once policy: %s (%s) is not a Python, Bash or durable task and is NOT "
+            "protected",
             where,
             type(task).__name__,
         )

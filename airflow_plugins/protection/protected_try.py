@@ -4,6 +4,8 @@ Shared by ``ExactlyOnceOperator``, ``@exactly_once_task`` and the tasks the clus
 wraps, so the three forms decide a try's outcome the same way: ``run_try`` is the entry point
 and lists the outcomes; ``approve_rerun_if_asked`` is the sanctioned re-run of a succeeded
 business date.
+While the body runs, ``context["task_state_store"]`` is the lease's task state and a durable
+operator's ``submit_job`` is fenced (``airflow_plugins.protection.task_state_store``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from airflow_plugins.protection import (
     early_acquire,
     recorded_result,
     routing,
+    task_state_store,
 )
 from airflow_plugins.protection.task_identity import TaskTarget, target_from_context
 
@@ -436,6 +439,9 @@ def run_try(
             store = config.task_lease_store(protection.lease_conn_id)
         except InvalidLeaseInput as exc:
             raise _retryable(f"exactly-once: {exc}") from exc
+    # the body sees the lease's task state as context["task_state_store"] (durable operators:
+    # their submit_job fenced too)
+    body = task_state_store.with_task_state(task, context, body)
     try:
         return _decide(task, store, target, protection, body, audit_input, early)
     finally:

@@ -184,7 +184,7 @@ class BridgeActivities:
         if spec.kind is TaskKind.NOOP:
             return None
         if spec.kind is TaskKind.EXECUTE:
-            return self._execute(inp)
+            return self._execute(inp, fence)
         fn = self.catalog.resolve(inp.dag_id, spec)
         args = substitute(list(spec.args), inp.upstream)
         kwargs = substitute(dict(spec.kwargs), inp.upstream)
@@ -198,9 +198,12 @@ class BridgeActivities:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
 
-    def _execute(self, inp: TaskInput) -> Any:
-        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder."""
+    def _execute(self, inp: TaskInput, fence: Fence) -> Any:
+        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
+        task state as its ``task_state_store`` (a durable operator's job is submitted once per
+        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
         from airflow_plugins.protection.task_identity import dag_period, dag_timezone
+        from airflow_plugins.protection.task_state_store import installed
 
         info = activity.info()
         task = self.catalog.operator(inp.dag_id, inp.task.task_id)
@@ -215,7 +218,8 @@ class BridgeActivities:
         context = template_context(
             task, run=run, try_number=info.attempt, upstream=inp.upstream, ds=ds
         )
-        return run_operator(task, context)
+        with installed(task, context, fence):
+            return run_operator(task, context)
 
     @activity.defn(name="bridge.compare_run")
     def compare_run(self, inp: CompareInput) -> Comparison:

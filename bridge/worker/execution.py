@@ -75,6 +75,8 @@ class WorkerTaskInstance:
         self._upstream = dict(upstream)
         # read by XComArg.resolve: nothing upstream is mapped, pull unmapped values
         self._upstream_map_indexes: dict[str, Any] = {}
+        # read by ResumableJobMixin (a multi-team deployment's team name): none here
+        self.stats_tags: dict[str, str] = {}
 
     def xcom_pull(
         self,

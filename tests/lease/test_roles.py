@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, migrate
+from airflow_plugins.lease import LEASE_STORE, Holder, LeaseStore, TaskState, migrate
 from airflow_plugins.lease.roles import grant_roles
 from tests.conftest import create_database, drop_database
 
@@ -96,6 +96,22 @@ def test_the_task_role_runs_a_whole_try_and_appends_to_the_audit(
         assert [r["event"] for r in store.history(KEY)][-1] == "duplicate_run"
 
 
+def test_the_task_role_keeps_a_keys_task_state_and_submits_its_job(
+    roles: dict[str, str],
+) -> None:
+    key = "roles_dag/spark/2024-02-15"
+    with LeaseStore(roles["task"]) as store:
+        lease = store.acquire(key, Holder.process("task-role"), ttl=600).lease
+        state = TaskState(store, lease)
+        state.set("progress", {"done": 1})
+        assert state.submit_once("job_id", lambda intent: "job-1") == "job-1"
+        state.delete("progress")
+        state.clear()
+        store.complete(lease, {"job_id": "job-1"})
+    with LeaseStore(roles["reader"]) as reader:
+        assert [r["event"] for r in reader.history(key)][-3:-1] == ["state_delete", "state_clear"]
+
+
 DENIED: list[tuple[str, str, str]] = [
     (
         "task",
@@ -122,6 +138,7 @@ DENIED: list[tuple[str, str, str]] = [
         "INSERT INTO runlease.audit (key, event, outcome) VALUES ('a/b/c', 'x', 'y')",
     ),
     ("reader", "acquire", "SELECT nextval('runlease.fencing_token')"),
+    ("reader", "write task state", "DELETE FROM runlease.task_state"),
     ("operator", "rewrite the audit", "UPDATE runlease.audit SET outcome = 'granted'"),
     ("operator", "delete the audit", "DELETE FROM runlease.audit"),
     (

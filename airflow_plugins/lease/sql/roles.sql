@@ -12,6 +12,8 @@ GRANT SELECT ON runlease.retention TO {task};
 GRANT USAGE ON SEQUENCE runlease.fencing_token TO {task};
 GRANT USAGE ON SEQUENCE runlease.audit_id_seq TO {task};
 REVOKE DELETE, TRUNCATE ON runlease.lease, runlease.audit FROM {task};
+-- the durable state of a try's work and its job submissions (each write guarded by the token)
+GRANT SELECT, INSERT, UPDATE, DELETE ON runlease.task_state, runlease.job_submission TO {task};
 
 -- operator: what the task does, plus the administrative changes (force-release, approve a
 -- re-run), each audited with its actor and reason.
@@ -22,3 +24,4 @@ GRANT EXECUTE ON FUNCTION runlease.approve_rerun(text, date, text, text) TO {ope
 -- reader: the pages and the watcher's reads.
 GRANT USAGE ON SCHEMA runlease TO {reader};
 GRANT SELECT ON runlease.lease, runlease.audit, runlease.retention TO {reader};
+GRANT SELECT ON runlease.task_state, runlease.job_submission TO {reader};
