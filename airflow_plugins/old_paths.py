@@ -59,6 +59,7 @@ class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, package: str, moved: Mapping[str, str]) -> None:
         self.package = package
         self.moved = dict(moved)
+        self._own_specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
     def find_spec(
         self,
@@ -71,10 +72,18 @@ class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(self.moved[spec.name])
+        module = importlib.import_module(self.moved[spec.name])
+        # the import system sets the alias's spec on the module: keep its own to put back
+        self._own_specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the new module is already imported."""
+        """Nothing to run (the new module is imported already); its own spec is put back, so
+        ``importlib.reload`` of the new module still reloads it."""
+        own = self._own_specs.pop(module.__spec__.name if module.__spec__ else "", None)
+        if own is not None:
+            module.__spec__ = own
+            module.__loader__ = own.loader
 
 
 def keep_old_paths(package: str) -> None:

@@ -9,7 +9,7 @@ business effect twice.
 
 Airflow-side pieces (``bridge.in_airflow.router``, ``bridge.in_airflow.operator``,
 ``bridge.in_airflow.workflow_trigger``, ``bridge.in_airflow.translate``) import Airflow and are not
-re-exported here; the worker is ``python -m bridge.cli worker``. See MIGRATION.md.
+re-exported here; the worker is ``python -m bridge.worker``. See MIGRATION.md.
 """
 
 from __future__ import annotations

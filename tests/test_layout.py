@@ -103,3 +103,19 @@ def test_the_dag_file_imports_the_docs_teach_work_from_a_fresh_interpreter() -> 
         "assert ExactlyOnceOperator is New"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_importing_an_old_path_leaves_the_new_module_its_own_spec() -> None:
+    old = importlib.import_module("airflow_plugins.sla")
+    assert old.__spec__ is not None
+    assert old.__spec__.name == "airflow_plugins.protection.sla"
+    assert importlib.reload(old) is old  # a reload finds and re-runs the real file
+
+
+def test_the_names_of_the_old_bridge_worker_module_still_answer() -> None:
+    from bridge.worker import WORKFLOWS, build_workers, main
+    from bridge.worker.lanes import WORKFLOWS as lanes_workflows
+
+    assert WORKFLOWS is lanes_workflows
+    assert callable(build_workers)
+    assert callable(main)

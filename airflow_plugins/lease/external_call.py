@@ -37,16 +37,19 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from airflow_plugins.lease.call_watchdog import WATCHDOG
 from airflow_plugins.lease.errors import FenceBusy, InvalidLeaseInput, LeaseError, StaleToken
 from airflow_plugins.lease.keys import check_key
 from airflow_plugins.lease.queries import query
 from airflow_plugins.lease.sink_fence import (
+    DEFAULT_CALL_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_LOCK_TIMEOUT,
     FencedWrite,
@@ -212,6 +215,7 @@ class ExternalCalls:
         check: Callable[[], None] = lambda: None,
         sleep: Callable[[float], None] = time.sleep,
         generation: int = 0,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         self._connect = connect
         self.key = key
@@ -220,6 +224,10 @@ class ExternalCalls:
         self.shadow = shadow
         self.idle_timeout = idle_timeout
         self.lock_timeout = lock_timeout
+        # each fenced statement and the record's commit wait at most this (plus lock_timeout)
+        # for their answer, as fenced_transaction's do: a route that never answers cannot hold
+        # this holder past its lease
+        self.call_timeout = call_timeout
         self.retry = retry or RetryPolicy()
         self.replay_window_s = replay_window_s
         self._check = check
@@ -381,12 +389,16 @@ class ExternalCalls:
             if record is None:
                 # alone: one statement, its own transaction (one round trip)
                 return bool(self._one(conn, "external_call_answer", args)["answered"])
-            with conn.transaction():
+            with ExitStack() as ending, conn.transaction():
                 # the fence, the answer and the ledger row first, then the caller's writes,
-                # all in one commit
+                # all in one commit (bounded, as the statements are)
                 if not self._one(conn, "external_call_answer", args)["answered"]:
                     return False
-                record(FencedWrite(conn, self.key, self.token, self.generation), result)
+                record(
+                    FencedWrite(conn, self.key, self.token, self.generation, self.call_timeout),
+                    result,
+                )
+                ending.enter_context(WATCHDOG.bound(conn, self.call_timeout))
             return True
 
         if not self._fenced(conn, answered):
@@ -412,7 +424,10 @@ class ExternalCalls:
     ) -> dict[str, Any]:
         """The one row of a fenced statement; StaleToken when the fence refused the token."""
         try:
-            with conn.cursor(row_factory=dict_row) as cur:
+            with (
+                WATCHDOG.bound(conn, self.lock_timeout + self.call_timeout),
+                conn.cursor(row_factory=dict_row) as cur,
+            ):
                 row: dict[str, Any] | None = cur.execute(query(name), args).fetchone()
         except psycopg.errors.LockNotAvailable as exc:
             raise _FenceLocked from exc

@@ -57,6 +57,7 @@ class LeaseKeeper:
         interval: float | None = None,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
+        self._abandoned = False
         self._store = store
         self.lease = lease
         self.interval = interval if interval is not None else lease.ttl / 3
@@ -136,8 +137,14 @@ class LeaseKeeper:
         holder's fenced writes are refused from then on. The lease is not released: the work
         may still be running, and expiry is what makes the takeover safe to detect.
         """
+        self._abandoned = True
         self.stop()
         self._declare_lost(reason)
+
+    @property
+    def abandoned(self) -> bool:
+        """True once ``abandon`` gave the lease up (as opposed to losing it)."""
+        return self._abandoned
 
     def __enter__(self) -> LeaseKeeper:
         return self.start()

@@ -115,7 +115,8 @@ def run_under_lease(
         except BaseException as exc:
             keeper.stop()
             if fence.stopped:
-                _release(store, lease, f"stopped: {fence.stop_reason or 'told to stop'}")
+                if _still_ours_to_end(keeper):
+                    _release(store, lease, f"stopped: {fence.stop_reason or 'told to stop'}")
             elif reason := releases(exc):
                 _release(store, lease, reason)
             else:
@@ -130,7 +131,8 @@ def run_under_lease(
             # the lease meanwhile: the completion is token-guarded, the store decides.
             reason = fence.stop_reason or "told to stop"
             keeper.stop()
-            _release(store, lease, f"the fence was stopped while the work ran: {reason}")
+            if _still_ours_to_end(keeper):
+                _release(store, lease, f"the fence was stopped while the work ran: {reason}")
             raise PartialResult(lease.key, lease.token, reason)
         complete_durably(store, lease, result, encode=encode, timeout=complete_timeout)
         return result
@@ -212,6 +214,14 @@ def fail(store: LeaseStore, lease: Lease, exc: BaseException) -> None:
         store.fail(lease, f"{type(exc).__name__}: {exc}")
     except (LeaseLost, LeaseStoreUnavailable) as err:
         log.warning("could not fail %s: %s", lease.key, err)
+
+
+def _still_ours_to_end(keeper: LeaseKeeper) -> bool:
+    """Whether a stopped run releases its lease: yes when it was told to stop or its engine
+    gave it up (the body has ended, so the next holder may start at once); no when the keeper
+    lost the lease on its own (it may be another's now, or the process is being self-fenced:
+    its children may still run, so expiry decides)."""
+    return not keeper.lost or keeper.abandoned
 
 
 def _release(store: LeaseStore, lease: Lease, reason: str) -> None:

@@ -282,6 +282,7 @@ class _Heartbeat:
         self._fence = fence
         self._watch = watch
         self._keeper: LeaseKeeper | None = None
+        self._keeper_lock = threading.Lock()
         self._info = activity.info()
         self._done = threading.Event()
         ctx = contextvars.copy_context()
@@ -292,42 +293,55 @@ class _Heartbeat:
         asked = 0.0
         while not self._done.wait(self._every):
             try:
-                activity.heartbeat()
-            except Exception:  # a heartbeat that cannot be sent is not the work's failure
-                pass
-            if activity.is_cancelled():
-                self._give_up("the activity was cancelled")
-            elif activity.is_worker_shutdown():
-                self._fence.stop("the worker is shutting down")
-            elif self._watch is not None and time.monotonic() - asked >= self._timeout / 2:
-                asked = time.monotonic()
-                answer = self._watch.ask(self._info)
-                if answer is Attempt.WANTED:
-                    heard_from = asked
-                elif answer is Attempt.GIVEN_UP:
-                    self._give_up("Temporal retried this activity elsewhere")
-                elif asked - heard_from > self._timeout:
-                    self._give_up(
-                        f"cut off from Temporal for more than the {self._timeout:g} s heartbeat "
-                        "timeout: Temporal has given this attempt up"
-                    )
+                heard_from, asked = self._beat(heard_from, asked)
+            except Exception:  # the heartbeat thread must outlive any one failure
+                activity.logger.exception("bridge: heartbeat round failed; going on")
+
+    def _beat(self, heard_from: float, asked: float) -> tuple[float, float]:
+        """One heartbeat round; returns when Temporal last wanted the attempt, and was asked."""
+        try:
+            activity.heartbeat()
+        except Exception:  # a heartbeat that cannot be sent is not the work's failure
+            pass
+        if activity.is_cancelled():
+            self._give_up("the activity was cancelled")
+        elif activity.is_worker_shutdown():
+            self._fence.stop("the worker is shutting down")
+        elif self._watch is not None and time.monotonic() - asked >= self._timeout / 2:
+            asked = time.monotonic()
+            answer = self._watch.ask(self._info)
+            if answer is Attempt.WANTED:
+                heard_from = asked
+            elif answer is Attempt.GIVEN_UP:
+                self._give_up("Temporal retried this activity elsewhere")
+            elif asked - heard_from > self._timeout:
+                self._give_up(
+                    f"cut off from Temporal for more than the {self._timeout:g} s heartbeat "
+                    "timeout: Temporal has given this attempt up"
+                )
+        return heard_from, asked
 
     def _give_up(self, reason: str) -> None:
         """Temporal gave this attempt up: stop the body and stop renewing, so a retry takes
         over at expiry with a higher token even if this body never checks its fence."""
         self._fence.stop(reason)
-        keeper = self._keeper
-        if keeper is not None and not keeper.lost:
-            keeper.abandon(reason)
+        with self._keeper_lock:
+            # only while the body runs: once it returned, the keeper renews on while the
+            # result is recorded (the work is done; stopping now would only re-run it)
+            keeper = self._keeper
+            if keeper is not None and not keeper.lost:
+                keeper.abandon(reason)
 
     @contextlib.contextmanager
     def watching(self, keeper: LeaseKeeper) -> Iterator[None]:
         """While the body runs: a cancelled attempt abandons the lease ``keeper`` renews."""
-        self._keeper = keeper
+        with self._keeper_lock:
+            self._keeper = keeper
         try:
             yield
         finally:
-            self._keeper = None
+            with self._keeper_lock:
+                self._keeper = None
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()

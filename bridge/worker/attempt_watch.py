@@ -11,11 +11,22 @@ for longer than its heartbeat timeout, gives its lease up (``LeaseKeeper.abandon
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import enum
+import logging
 from typing import Any, Protocol
 
+from temporalio.service import RPCError, RPCStatusCode
+
+log = logging.getLogger(__name__)
 ASK_TIMEOUT_S = 5.0
+# the statuses that mean "could not reach the server", not "the server said no"
+_UNREACHABLE = {
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.UNKNOWN,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 class Attempt(enum.Enum):
@@ -44,13 +55,37 @@ class TemporalAttemptWatch:
     def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._client = client
         self._loop = loop
+        self._refused: str | None = None
 
     def ask(self, info: Any) -> Attempt:
-        """Describes the activity's workflow and finds the attempt among its pending ones."""
-        future = asyncio.run_coroutine_threadsafe(self._ask(info), self._loop)
+        """Describes the activity's workflow and finds the attempt among its pending ones.
+
+        Only a server that cannot be reached (or answers too late) is ``UNKNOWN``. A server
+        that refuses the question (no permission to describe, not implemented) cannot tell
+        either way: the watch then answers ``WANTED`` from then on, and says so once in the
+        log, so a refusal never stops work.
+        """
+        if self._refused is not None:
+            return Attempt.WANTED
+        question = self._ask(info)
+        try:
+            future = asyncio.run_coroutine_threadsafe(question, self._loop)
+        except RuntimeError:  # the worker's loop is closed: nobody can ask any more
+            question.close()
+            return Attempt.UNKNOWN
         try:
             return future.result(timeout=ASK_TIMEOUT_S)
-        except (concurrent.futures.TimeoutError, Exception):
+        except RPCError as exc:
+            if exc.status in _UNREACHABLE:
+                return Attempt.UNKNOWN
+            self._refused = f"{exc.status.name}: {exc.message}"
+            log.warning(
+                "bridge: Temporal refuses to describe workflows (%s): a given-up attempt is "
+                "noticed only when the SDK cancels it",
+                self._refused,
+            )
+            return Attempt.WANTED
+        except Exception:  # timed out, or the connection is gone
             future.cancel()
             return Attempt.UNKNOWN
 
