@@ -349,6 +349,18 @@ def load_rows(dsn: str, first: int, last: int) -> float:
                 "AND tablename = 'lease' AND indexname <> 'lease_pkey'"
             ).fetchall()
         ]
+        # the foreign keys that reference the primary key (task state) go and come back with it
+        referencing = [
+            (sql.Identifier(str(r[0]), str(r[1])), sql.Identifier(str(r[2])), str(r[3]))
+            for r in conn.execute(
+                "SELECT n.nspname, t.relname, c.conname, pg_get_constraintdef(c.oid) "
+                "FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace "
+                "WHERE c.confrelid = 'runlease.lease'::regclass"
+            ).fetchall()
+        ]
+        for table, name, _ in referencing:
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, name))
         conn.execute("DROP INDEX " + ", ".join(f"runlease.{_index_name(d)}" for d in indexes))
         conn.execute("ALTER TABLE runlease.lease DROP CONSTRAINT lease_pkey")
         for back in range(DAYS - 1, -1, -1):
@@ -360,6 +372,12 @@ def load_rows(dsn: str, first: int, last: int) -> float:
         conn.execute("ALTER TABLE runlease.lease ADD CONSTRAINT lease_pkey PRIMARY KEY (key)")
         for definition in indexes:
             conn.execute(definition.encode())
+        for table, name, definition in referencing:
+            # the definition is the catalog's own text (pg_get_constraintdef), not input
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(table, name)
+                + sql.SQL(definition)  # type: ignore[arg-type]
+            )
         conn.execute("VACUUM ANALYZE runlease.lease")
         # write the load out now, not during the measurements that follow
         conn.execute("CHECKPOINT")
