@@ -203,9 +203,17 @@ def test_shadow_mode_on_airflow_leaves_the_sink_to_airflow_and_compares(
             lambda: get_comparison(store, DAG_ID, day), timeout=120, what="the comparison row"
         )
         primary = store.get(f"{DAG_ID}/charge/{day}")
-    assert _executions(bridge_on_airflow.temporal_address, wid) == [
-        WorkflowExecutionStatus.COMPLETED
-    ]
+    # the shadow workflow writes the comparison row, then finishes: one execution, completed
+    executions = wait_for(
+        lambda: (
+            (found := _executions(bridge_on_airflow.temporal_address, wid))
+            and WorkflowExecutionStatus.RUNNING not in found
+            and found
+        ),
+        timeout=60,
+        what="the shadow workflow to close",
+    )
+    assert executions == [WorkflowExecutionStatus.COMPLETED]
     charged = airflow.charges(day)
     # Airflow (primary) charged each customer once; the shadow's writes were rolled back
     assert len(charged) == 20
