@@ -36,6 +36,7 @@ from bridge.cutover import ModeStore
 from bridge.graph import substitute
 from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
+from bridge.worker import shadow_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
@@ -121,6 +122,11 @@ class BridgeActivities:
         except InvalidLeaseInput as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from exc
         if got.outcome is Outcome.SUCCEEDED:
+            if inp.mode is RunMode.SHADOW:  # a retry: what the first attempt captured
+                result, captured = shadow_record.decode(got.result)
+                return TaskResult(
+                    "recorded", key, result=result, token=got.token, captured=captured
+                )
             return TaskResult("recorded", key, result=got.result, token=got.token)
         if got.outcome is Outcome.HELD:
             return TaskResult("held", key, wait_s=_wait(got.expires_at), holder=_who(got.holder))
@@ -144,6 +150,13 @@ class BridgeActivities:
                     return self._call(inp, fence)
             return self._call(inp, fence)
 
+        def record(result: Any) -> Any:
+            if not fence.shadow:
+                return result
+            # kept with the shadow lease, so a retry that finds it succeeded compares the same
+            capture = shadow_record.captured(fence)
+            return shadow_record.encode(result, capture, max_bytes=self.store.max_result_bytes)
+
         started = time.monotonic()
         try:
             # the heartbeat beats on while the result is recorded
@@ -153,6 +166,7 @@ class BridgeActivities:
                     fence,
                     body,
                     complete_timeout=COMPLETE_TIMEOUT_S,
+                    encode=record,
                     while_running=beat.watching,
                 )
         except ResultNotRecorded as exc:
@@ -161,22 +175,13 @@ class BridgeActivities:
             raise ApplicationError(str(exc), type=type(exc.__cause__).__name__) from exc
         except BaseException as exc:
             raise _as_application_error(exc) from exc
-        captured: dict[str, Any] = {}
-        if fence.shadow:
-            would_send = fence.would_send
-            captured = {
-                # the items it would have written: its rolled-back ledger rows and its calls
-                "items": sorted(fence.captured_items + [c["item"] for c in would_send]),
-                "rows": fence.captured_rows,
-                "calls": would_send,
-            }
         return TaskResult(
             "succeeded",
             lease.key,
             result=result,
             token=lease.token,
             duration_ms=round((time.monotonic() - started) * 1000),
-            captured=captured,
+            captured=shadow_record.captured(fence) if fence.shadow else {},
         )
 
     def _call(self, inp: TaskInput, fence: BridgeFence) -> Any:
