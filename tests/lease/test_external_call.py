@@ -405,3 +405,38 @@ def test_idempotency_keys_are_their_generations_own_and_never_collide() -> None:
     assert len(keys) == 20
     headers = FencedWrite(None, KEY, 7, generation=1).headers("a")  # type: ignore[arg-type]
     assert headers["Idempotency-Key"] == idempotency_key(KEY, "a", 1)
+
+
+@pytest.mark.xfail(strict=True, reason="ExternalCalls' steps race on the shared connection")
+def test_one_external_calls_shared_by_eight_threads_charges_each_customer_once(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    """A body that makes its calls 8 at a time from threads, sharing its fence's one
+    ``ExternalCalls`` (and so one sink connection): each step's statements and commit are the
+    object's own, so no thread's claim lands inside another's answer transaction."""
+    lease = holder(store, "b")
+    ext = calls(sink_db, lease)
+    names = [f"cust-{i:04d}" for i in range(48)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def worker(share: list[str]) -> None:
+        start.wait()
+        for customer in share:
+            try:
+                charge(ext, customer, processor.url)
+            except BaseException as exc:  # every thread's error is the test's
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(names[n::8],)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, [f"{type(e).__name__}: {e}" for e in errors[:3]]
+    assert per_customer(processor) == dict.fromkeys(names, 1)
+    recorded = ledger(sink_db)
+    assert {c: recorded[c]["state"] for c in names} == dict.fromkeys(names, "accepted")
+    with psycopg.connect(sink_db) as conn:
+        rows = conn.execute("SELECT count(*) FROM charges WHERE run_key = %s", (KEY,)).fetchone()
+    assert rows == (len(names),)
