@@ -106,6 +106,11 @@ class Fence:
                     charged += 1
             return {"charged": charged}
 
+    Threads of one body may share its fence: its sink steps (a transaction, ``done_items``,
+    each step of an external call) take ``sink_lock`` in turn on its one sink connection,
+    while the external calls' sends run in parallel. Its transactions are serialized, not
+    concurrent: a thread that needs its own, concurrent, gives itself its own fence.
+
     Attributes:
         key: the lease key (business identity), e.g. ``billing_nightly/charge/2024-02-15``.
         token: the fencing token of this holder (0 when protection is off).
@@ -141,6 +146,9 @@ class Fence:
         self.stop_raised = False
         self._calls: ExternalCalls | None = None
         self._state: TaskState | None = None
+        # one user of the sink connection at a time: a transaction, a ledger read, an
+        # external call's step (re-entrant, so a call inside a transaction is refused clearly)
+        self.sink_lock = threading.RLock()
 
     @classmethod
     def unprotected(
@@ -234,16 +242,21 @@ class Fence:
             FenceStopped: the body was told to stop before the transaction began.
         """
         self.check()
-        conn = self.connection()
-        if self.lease is None:
-            with conn.transaction():
-                yield UnfencedWrite(conn, self.key)
-            return
-        write: FencedWrite
-        with fenced_transaction(
-            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
-        ) as write:
-            yield write
+        with self.sink_lock:
+            conn = self.connection()
+            if self.lease is None:
+                with conn.transaction():
+                    yield UnfencedWrite(conn, self.key)
+                return
+            write: FencedWrite
+            with fenced_transaction(
+                conn,
+                self.key,
+                self.token,
+                idle_timeout=self.idle_timeout,
+                generation=self.generation,
+            ) as write:
+                yield write
 
     def advance_sink_fence(self) -> None:
         """Raises the sink's fence to this token before any work (older holders are refused).
@@ -252,7 +265,8 @@ class Fence:
             StaleToken: a newer holder has already written (this one was superseded).
         """
         if self.lease is not None and self._sink_connect is not None:
-            advance_fence(self.connection(), self.key, self.token)
+            with self.sink_lock:
+                advance_fence(self.connection(), self.key, self.token)
 
     def done_items(self) -> list[str]:
         """Every item done under this key at the sink, by any holder of the key, in item order.
@@ -263,7 +277,8 @@ class Fence:
         """
         if self.lease is None:
             return []
-        return done_items(self.connection(), self.key, self.generation)
+        with self.sink_lock:
+            return done_items(self.connection(), self.key, self.generation)
 
     # a shadow's fence (the bridge's) records its external calls instead of sending them
     shadow = False
@@ -299,6 +314,7 @@ class Fence:
                 idle_timeout=self.idle_timeout,
                 check=self.check,
                 generation=self.generation,
+                lock=self.sink_lock,
             )
         return self._calls
 

@@ -101,20 +101,21 @@ class BridgeFence(Fence):
                 yield write
             return
         self.check()
-        conn = self.connection()
-        try:
-            with fenced_transaction(
-                conn,
-                self.key,
-                self.token,
-                idle_timeout=self.idle_timeout,
-                generation=self.generation,
-            ) as tx:
-                yield tx
-                self._capture(conn)
-                raise _ShadowRollback
-        except _ShadowRollback:
-            pass
+        with self.sink_lock:
+            conn = self.connection()
+            try:
+                with fenced_transaction(
+                    conn,
+                    self.key,
+                    self.token,
+                    idle_timeout=self.idle_timeout,
+                    generation=self.generation,
+                ) as tx:
+                    yield tx
+                    self._capture(conn)
+                    raise _ShadowRollback
+            except _ShadowRollback:
+                pass
 
     def _capture(self, conn: psycopg.Connection[Any]) -> None:
         rows = conn.execute(query("sink_ledger_items"), {"keys": [self.key]}).fetchall()

@@ -407,7 +407,6 @@ def test_idempotency_keys_are_their_generations_own_and_never_collide() -> None:
     assert headers["Idempotency-Key"] == idempotency_key(KEY, "a", 1)
 
 
-@pytest.mark.xfail(strict=True, reason="ExternalCalls' steps race on the shared connection")
 def test_one_external_calls_shared_by_eight_threads_charges_each_customer_once(
     store: LeaseStore, sink_db: str, processor: PaymentProcessor
 ) -> None:
@@ -440,3 +439,65 @@ def test_one_external_calls_shared_by_eight_threads_charges_each_customer_once(
     with psycopg.connect(sink_db) as conn:
         rows = conn.execute("SELECT count(*) FROM charges WHERE run_key = %s", (KEY,)).fetchone()
     assert rows == (len(names),)
+
+
+def test_threads_sharing_one_fence_mix_transactions_and_external_calls(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    """Threads of one body share its ``Fence``: four charge at the processor through
+    ``fence.external_call``, four write rows in ``fence.transaction()`` and read
+    ``done_items()``, all on its one sink connection: every item once, no error."""
+    lease = holder(store, "b")
+    fence = Fence(
+        key=KEY, token=lease.token, attempt=lease.attempt, business_date=DAY, lease=lease,
+        sink_connect=lambda: psycopg.connect(sink_db, autocommit=True),
+    )  # fmt: skip
+    client = billing_charges.stripe_client(processor.url, timeout=5.0)
+    send = billing_charges.stripe_sender(client)
+    at_processor = [f"cust-{i:04d}" for i in range(24)]
+    in_rows = [f"row-{i:04d}" for i in range(24)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def calls_of(share: list[str]) -> None:
+        start.wait()
+        for customer in share:
+            try:
+                fence.external_call(
+                    customer, billing_charges.charge_params(DAY, customer), send,
+                    record=record_charge,
+                )  # fmt: skip
+            except BaseException as exc:
+                errors.append(exc)
+
+    def rows_of(share: list[str]) -> None:
+        start.wait()
+        for item in share:
+            try:
+                with fence.transaction() as tx:
+                    if tx.claim(item):
+                        tx.conn.execute(
+                            "INSERT INTO charges (run_key, customer, token) VALUES (%s, %s, %s)",
+                            (KEY, item, fence.token),
+                        )
+                fence.done_items()
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=calls_of, args=(at_processor[n::4],)) for n in range(4)]
+    threads += [threading.Thread(target=rows_of, args=(in_rows[n::4],)) for n in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, [f"{type(e).__name__}: {e}" for e in errors[:3]]
+        assert per_customer(processor) == dict.fromkeys(at_processor, 1)
+        assert fence.done_items() == sorted(at_processor + in_rows)
+    finally:
+        fence.close()
+    with psycopg.connect(sink_db) as conn:
+        rows = conn.execute(
+            "SELECT customer FROM charges WHERE run_key = %s ORDER BY customer", (KEY,)
+        ).fetchall()
+    assert [r[0] for r in rows] == sorted(at_processor + in_rows)
