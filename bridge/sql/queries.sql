@@ -54,9 +54,11 @@ ORDER BY business_date DESC
 LIMIT %(limit)s;
 
 -- name: lease_rows
--- The primary's side of a comparison: the lease rows of a run's task keys.
+-- The primary's side of a comparison: the lease rows of a run's task keys (a mapped task's
+-- prefix would match its items' shadow keys too: never the shadow's own rows).
 SELECT key, state, token, result, acquired_at, finished_at, error
-FROM runlease.lease WHERE key = ANY(%(keys)s) OR key LIKE ANY(%(prefixes)s);
+FROM runlease.lease
+WHERE (key = ANY(%(keys)s) OR key LIKE ANY(%(prefixes)s)) AND right(key, 7) <> '#shadow';
 
 -- name: sink_ledger_items
 SELECT key, item FROM runfence.ledger WHERE key = ANY(%(keys)s) ORDER BY key, item;

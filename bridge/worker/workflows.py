@@ -273,6 +273,7 @@ def _merge(
     keys: list[str] = []
     captured_items: list[str] = []
     captured_rows: dict[str, list[Any]] = {}
+    captured_calls: list[dict[str, Any]] = []
     duration = 0
     for (map_key, _), done in zip(items, results, strict=True):
         if done is None:
@@ -283,10 +284,11 @@ def _merge(
         captured_items += [f"{map_key}/{i}" for i in done.captured.get("items", [])]
         for table, rows in done.captured.get("rows", {}).items():
             captured_rows.setdefault(table, []).extend(rows)
+        captured_calls += done.captured.get("calls", [])  # items' own names, as the primary's
     failed = [f"{k}: {e}" for (k, _), e in zip(items, errors, strict=True) if e is not None]
     captured: dict[str, Any] = {}
-    if captured_items or captured_rows:
-        captured = {"items": captured_items, "rows": captured_rows}
+    if captured_items or captured_rows or captured_calls:
+        captured = {"items": captured_items, "rows": captured_rows, "calls": captured_calls}
     if failed:
         return TaskOutcome("failed", values, "; ".join(failed[:10]), duration, tuple(keys))
     return TaskOutcome("succeeded", values, None, duration, tuple(keys), captured)

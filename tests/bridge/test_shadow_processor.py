@@ -26,6 +26,7 @@ from airflow_plugins.lease.fence import Fence
 from airflow_plugins.lease.keys import first_day, lease_key
 from bridge.comparison import get_comparison
 from bridge.config import BridgeConfig
+from bridge.identity import map_items, task_lease_key
 from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, RunMode, TaskSpec
 from bridge.temporal.handover import Handover, run_handle
 from bridge.worker.egress import ShadowEgressRefused, no_egress
@@ -109,6 +110,60 @@ def test_shadow_makes_no_charge_and_the_comparison_shows_what_it_would_charge(
     assert {i: c["params"]["amount"] for i, c in would.items()} == {
         i: c["amount"] for i, c in at_processor.items()
     }
+
+
+def mapped_spec(dag_id: str) -> DagSpec:
+    """The charge mapped over the customers: a lease (and a ledger) per customer."""
+    return DagSpec(
+        dag_id=dag_id,
+        tasks=(
+            TaskSpec("extract", callable_ref=f"{W}:customers", args=(COUNT,),
+                     side_effect_free=True),
+            TaskSpec("charge", upstream=("extract",),
+                     callable_ref=f"{W}:charge_item_at_processor", fenced=True,
+                     sink="billing_db", map_over="extract", heartbeat_s=5, lease_ttl_s=5,
+                     retry=RetrySpec(initial_interval_s=0.2, maximum_attempts=2)),
+        ),
+    )  # fmt: skip
+
+
+def mapped_primary(store: LeaseStore, sink: str, dag_id: str, bd: str) -> None:
+    """Airflow's protected run of the mapped charge: one lease and one call per customer."""
+    holder = Holder.airflow(dag_id=dag_id, run_id=f"scheduled__{bd}", task_id="x", try_number=1)
+    key = str(lease_key(dag_id, "extract", bd))
+    lease = store.acquire(key, holder, business_date=first_day(bd)).lease
+    store.complete(lease, workloads.customers(COUNT))
+    for map_key, customer in map_items(workloads.customers(COUNT), None):
+        key = task_lease_key(dag_id, "charge", bd, map_key, RunMode.PRIMARY)
+        lease = store.acquire(key, holder, business_date=first_day(bd)).lease
+        fence = Fence(
+            key=key, token=lease.token, attempt=lease.attempt, business_date=bd, lease=lease,
+            sink_connect=lambda: psycopg.connect(sink, autocommit=True),
+        )  # fmt: skip
+        fence.advance_sink_fence()
+        store.complete(lease, workloads.charge_item_at_processor(fence, customer))
+        fence.close()
+
+
+@pytest.mark.slow
+def test_a_mapped_shadow_compares_what_each_item_would_charge(
+    config: BridgeConfig, lease_store: LeaseStore, sink: str, processor: PaymentProcessor
+) -> None:
+    """Each item's would-be call reaches the comparison, as the primary's sent calls do: the
+    mapped shadow matches (it once dropped the items' calls and always read as diverging)."""
+    dag_id = f"billing_{uuid.uuid4().hex[:8]}"
+    bd = (date.today() - timedelta(days=1)).isoformat()
+    mapped_primary(lease_store, sink, dag_id, bd)
+    charged = processor.charges()
+    assert len(charged) == COUNT
+    result = asyncio.run(shadow(config, lease_store, mapped_spec(dag_id), bd))
+    assert result.status == "success"
+    assert processor.charges() == charged  # not one charge from the shadow
+    row = get_comparison(lease_store, dag_id, bd)
+    assert row is not None
+    assert row["matched"] is True, row["differences"]
+    would = sorted(c["item"] for c in row["shadow_calls"]["charge"])
+    assert would == sorted(c["customer"] for c in charged)
 
 
 @pytest.mark.slow

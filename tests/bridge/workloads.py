@@ -86,3 +86,11 @@ def charge_around_the_fence(fence: Fence, customers: list[str]) -> dict[str, Any
         params = bc.charge_params(fence.business_date, customer)
         send(OutgoingCall(fence.key, customer, fence.token, None, params))
     return {"charged": len(customers)}
+
+
+def charge_item_at_processor(fence: Fence, item: str) -> dict[str, Any]:
+    """One customer of a mapped charge task (a lease per customer), at the payment processor."""
+    result: dict[str, Any] = _billing_charges().charge_at_processor(
+        fence, [item], delay=0.0, writer="bridge"
+    )
+    return result
