@@ -13,6 +13,14 @@ the fence end a call that overruns, a black-holed route or a lost commit answer,
 clock: the ledger then decides). Plain mode is the plugin disabled: every item
 written, no lease, no fence.
 
+A holder of a processor group (``Config.processor_url``) charges each item at the payment
+processor instead, as ``dags/billing_charges.py`` does: through ``ExternalCalls.call`` with the
+stripe SDK's sender (the item's idempotency key, the fence's token headers), its ``record``
+writing the item's sink row with the processor's answer; plain, it charges with no key and no
+ledger, then writes the row (what the demo's disabled plugin does). The item's work comes after
+the processor's answer, before the record: the window in which a frozen or killed holder has
+charged and not recorded (the incident's), which the campaign aims its process faults at.
+
 The holder publishes its state in shared memory (idle, lease live, sink transaction live;
 the key's number; its sink session's pid), so the campaign can tell, with the holder stopped,
 whether a fault landed.
@@ -22,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -39,9 +49,22 @@ from airflow_plugins.lease import (
     fenced_transaction,
 )
 from airflow_plugins.lease.call_watchdog import WATCHDOG
+from airflow_plugins.lease.external_call import (
+    CallAnswer,
+    CallResult,
+    ExternalCalls,
+    OutgoingCall,
+    ProcessorUnavailable,
+    RetryPolicy,
+)
+from airflow_plugins.lease.sink_fence import FencedWrite
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dags"))
+import billing_charges  # the DAGs' own stripe sender, as the billing DAG uses it
 
 WRITE = "INSERT INTO effects (key, item, token, writer) VALUES (%s, %s, %s, %s)"
-IDLE, LEASE, TX = 0, 1, 2
+# CALL: the item's request is out at the processor; ACCEPTED: it answered, not yet recorded
+IDLE, LEASE, TX, CALL, ACCEPTED = 0, 1, 2, 3, 4
 FIELDS = 3  # per holder in the shared array: state, key number, sink backend pid
 
 
@@ -57,6 +80,7 @@ class Config:
     ttl: float
     item_sleep: float
     key_deadline: float = 60.0
+    processor_url: str = ""  # set: this holder charges each item at the payment processor
 
     @property
     def plain(self) -> bool:
@@ -167,6 +191,122 @@ def _plain_key(sink: Sink, cfg: Config, state: Any, key: str) -> str:
         _set(cfg, state, IDLE)
 
 
+def charge_params(key: str, item: str) -> dict[str, Any]:
+    """The PaymentIntent one item's charge creates (the same for every holder of the key).
+
+    ``metadata[run]`` and ``metadata[customer]`` name the item at the processor: the checker
+    counts the processor's charges by them.
+    """
+    return {
+        "amount": 1000 + int(item.rsplit("-", 1)[1]),
+        "currency": "usd",
+        "confirm": True,
+        "payment_method": "pm_card_visa",
+        "description": f"chaos billing {key}",
+        "metadata": {"customer": item, "run": key},
+    }
+
+
+def _sender(cfg: Config, state: Any) -> Any:
+    """The stripe SDK's sender (``billing_charges.stripe_sender``), publishing the holder's
+    state around it; the item's work follows the processor's answer (the window)."""
+    client = billing_charges.stripe_client(cfg.processor_url, timeout=5.0)
+    stripe_send = billing_charges.stripe_sender(client)
+
+    def send(call: OutgoingCall) -> CallAnswer:
+        _set(cfg, state, CALL)
+        answer: CallAnswer = stripe_send(call)
+        _set(cfg, state, ACCEPTED)
+        time.sleep(cfg.item_sleep)  # the item's work after the charge, before its record
+        return answer
+
+    return send
+
+
+def _processor_key(
+    store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str, send: Any
+) -> str:
+    holder = Holder.process(cfg.name)
+    end = time.monotonic() + cfg.key_deadline
+    bound = 2 * cfg.ttl
+    retry = RetryPolicy(attempts=3, first_delay=0.05, max_delay=0.2)
+    while time.monotonic() < end:
+        try:
+            got = store.acquire(key, holder)
+            if got.outcome is Outcome.SUCCEEDED:
+                return "succeeded"
+            if not got.granted:
+                time.sleep(0.05)
+                continue
+            lease = got.lease
+            _set(cfg, state, LEASE)
+            try:
+                with LeaseKeeper(store, lease) as keeper:
+                    calls = ExternalCalls(
+                        sink.connection,
+                        key,
+                        lease.token,
+                        idle_timeout=cfg.ttl * 2 / 3,
+                        lock_timeout=cfg.ttl,
+                        call_timeout=bound,
+                        retry=retry,
+                        check=keeper.check,
+                    )
+
+                    def record(tx: FencedWrite, result: CallResult) -> None:
+                        tx.conn.execute(WRITE, (key, result.item, tx.token, cfg.name))
+
+                    n = 0
+                    while n < cfg.items:
+                        keeper.check()
+                        item = f"item-{n:03d}"
+                        try:
+                            calls.call(item, charge_params(key, item), send, record=record)
+                        except psycopg.OperationalError:
+                            sink.drop()  # fate unknown: the ledger decides on the retry
+                            continue
+                        except ProcessorUnavailable:
+                            time.sleep(0.05)  # the item stays intended: sent again, same key
+                            continue
+                        finally:
+                            _set(cfg, state, LEASE)
+                        n += 1
+                store.complete(lease, {"items": cfg.items})
+                return "completed"
+            finally:
+                _set(cfg, state, IDLE)
+        except StaleToken:
+            time.sleep(0.05)  # superseded (at the sink or at the processor)
+        except (LeaseError, psycopg.Error):
+            sink.drop()
+            time.sleep(0.05)
+    return "gave_up"
+
+
+def _plain_processor_key(sink: Sink, cfg: Config, state: Any, key: str, send: Any) -> str:
+    """The plugin disabled: charge with no idempotency key and no ledger, then write the row."""
+    _set(cfg, state, LEASE)  # "live": working
+    try:
+        n = 0
+        while n < cfg.items:
+            item = f"item-{n:03d}"
+            try:
+                send(OutgoingCall(key, item, 0, None, charge_params(key, item)))
+                conn = sink.connection()
+                with WATCHDOG.bound(conn, 2.0), conn.transaction():
+                    conn.execute(WRITE, (key, item, 0, cfg.name))
+            except (psycopg.Error, ProcessorUnavailable):
+                sink.drop()
+                time.sleep(0.05)
+                continue
+            finally:
+                _set(cfg, state, LEASE)
+            n += 1
+        return "completed"
+    finally:
+        _set(cfg, state, IDLE)
+
+
 def serve(cfg: Config, pipe: Connection, state: Any) -> None:
     """Works each (key, number) received until told None; answers (key, outcome) for each."""
     # the keeper's and the fence's warnings would flood the campaign's output: the checker
@@ -178,6 +318,7 @@ def serve(cfg: Config, pipe: Connection, state: Any) -> None:
         store = LeaseStore(
             cfg.lease_dsn, ttl=cfg.ttl, connect_timeout=1.0, call_timeout=cfg.ttl, pool_size=2
         )
+    send = _sender(cfg, state) if cfg.processor_url else None
     while True:
         try:
             got = pipe.recv()
@@ -187,7 +328,12 @@ def serve(cfg: Config, pipe: Connection, state: Any) -> None:
             return
         key, number = got
         state[cfg.slot * FIELDS + 1] = number
-        if store is None:
+        if send is not None and store is None:
+            outcome = _plain_processor_key(sink, cfg, state, key, send)
+        elif send is not None:
+            assert store is not None
+            outcome = _processor_key(store, sink, cfg, state, key, send)
+        elif store is None:
             outcome = _plain_key(sink, cfg, state, key)
         else:
             outcome = _fenced_key(store, sink, cfg, state, key)

@@ -15,15 +15,24 @@ among the running holders, a live lease preferred) and their timing:
 * with ``--private-pg N``: the one server holding store and sink restarted, or crashed
   (immediate stop, crash recovery), at most N times (they cost seconds each).
 
+With ``--processor-groups N``, N of the groups charge each item at a payment processor (the
+demo's Stripe stand-in, in a process of its own) through ``ExternalCalls.call`` with the stripe
+SDK, as ``dags/billing_charges.py`` does, the record writing the item's sink row: one processor
+honouring idempotency keys, and (fenced, N >= 2) every second processor group on a second one
+that also checks fencing tokens. Plain, those holders charge with no key and no ledger. Half of
+the process faults (by the seed) are aimed at a holder in the window between the processor's
+answer and the record, when one is there (the incident's window); the log marks such faults.
+
 A fault counts as landed when it hit while the holder had a lease or a sink transaction live
 (read from the holder's shared state while it is stopped, for a signal; when it fired, for an
-ambiguous commit; in the session's own row, for a cut). Then a fresh holder acquires every key
-through the public API (a wedged key is still held after two lease lifetimes), and the
-independent checker judges the sink.
+ambiguous commit; in the session's own row, for a cut); a holder in the call window is live.
+Then a fresh holder acquires every key through the public API (a wedged key is still held
+after two lease lifetimes), and the independent checker judges the sink and the processors.
 
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 10000
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --plain   # no plugin
     .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --private-pg 4
+    .venv/bin/python -m tests.chaos.lease_campaign --seed 1 --faults 300 --processor-groups 2
 
 The last line is the checker's JSON verdict.
 """
@@ -53,9 +62,10 @@ import psycopg
 from psycopg import sql
 
 from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
+from airflow_plugins.demo.processor import ProcessorProcess
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from tests.chaos import holder as holder_module
-from tests.chaos.holder import FIELDS, IDLE, Config
+from tests.chaos.holder import ACCEPTED, FIELDS, IDLE, Config
 from tests.chaos.proxy import Proxy
 from tests.lease.ports import free_port
 
@@ -94,6 +104,7 @@ class Slot:
     lives: int = 0
     sink_dsn: str = ""  # through the slot's routes of the proxy
     lease_dsn: str = ""
+    processor: str = ""  # the processor's name (a key of Campaign.processors), or none
 
 
 @dataclass
@@ -114,12 +125,15 @@ class Campaign:
     gap: tuple[float, float] = (0.02, 0.08)  # seconds between faults
     kinds: tuple[str, ...] = PROCESS_KINDS + TCP_KINDS  # a regression case may pick a few
     drain: float = 60.0  # seconds the holders get to finish once the faults end
+    processor_groups: int = 0  # groups charging at a processor
+    processors: dict[str, str] = field(default_factory=dict)  # name -> base URL
     server: EmbeddedPostgres | None = None
     server_faults: int = 0
     rng: random.Random = field(init=False)
     slots: list[Slot] = field(default_factory=list)
     keys: dict[str, list[str]] = field(default_factory=dict)
     current: dict[int, str] = field(default_factory=dict)  # group -> its key in work
+    processor_keys: dict[str, str] = field(default_factory=dict)  # key -> its processor
     log: list[dict[str, Any]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
     spawned: int = 0
@@ -151,8 +165,17 @@ class Campaign:
             self.slots.append(slot)
             slot.sink_dsn = self._dsn(self.sink_dsn, f"sink{index}")
             slot.lease_dsn = "" if self.plain else self._dsn(self.lease_dsn, f"store{index}")
+            slot.processor = self.processor_of(slot.group)
         for slot in self.slots:
             self.spawn(slot)
+
+    def processor_of(self, group: int) -> str:
+        """The processor ``group`` charges at ("": it writes SQL rows only)."""
+        if group >= self.processor_groups:
+            return ""
+        if group % 2 == 1 and "tokens" in self.processors:
+            return "tokens"
+        return "idempotent"
 
     def spawn(self, slot: Slot) -> None:
         """Starts (or replaces) the slot's process and sends it the keys it has not done."""
@@ -164,6 +187,7 @@ class Campaign:
             items=self.items,
             ttl=self.ttl,
             item_sleep=self.item_sleep,
+            processor_url=self.processors.get(slot.processor, ""),
         )
         slot.lives += 1
         ours, theirs = self.ctx.Pipe()
@@ -191,6 +215,8 @@ class Campaign:
         key = KEY.format(len(self.keys))
         self.keys[key] = [f"item-{n:03d}" for n in range(self.items)]
         self.current[group] = key
+        if processor := self.processor_of(group):
+            self.processor_keys[key] = processor
         for slot in self.slots[group * self.holders : (group + 1) * self.holders]:
             self.send(slot, key)
 
@@ -231,6 +257,10 @@ class Campaign:
     def live(self, slot: Slot) -> bool:
         return bool(self.state[slot.index * FIELDS] != IDLE)
 
+    def in_window(self, slot: Slot) -> bool:
+        """The processor answered the holder's call and it has not recorded it yet."""
+        return bool(self.state[slot.index * FIELDS] == ACCEPTED)
+
     def key_of(self, slot: Slot) -> str:
         return KEY.format(self.state[slot.index * FIELDS + 1])
 
@@ -244,10 +274,14 @@ class Campaign:
             kind = "sink_" + kind.removeprefix("store_")  # no store: its route's fault at the sink
         running = [s for s in self.slots if not s.stopped_until]
         targets = [s for s in running if self.live(s)] or running
+        if self.processor_groups > 0 and self.rng.random() < 0.5 and kind in PROCESS_KINDS:
+            # aimed at the window between the processor's answer and the record, if one is open
+            targets = [s for s in running if self.in_window(s)] or targets
         if not targets:
             return
         slot = targets[int(pick * len(targets))]
         entry: dict[str, Any] = {"kind": kind, "key": self.key_of(slot), "t": time.time()}
+        entry["window"] = self.in_window(slot)  # a signal's is read again with the holder stopped
         entry["landed"] = self.hit(kind, slot, spread, entry)
         self.log.append(entry)
 
@@ -256,7 +290,7 @@ class Campaign:
         ttl = self.ttl
         if kind == "sigkill":
             self.signal(slot, signal.SIGSTOP)  # frozen: its state tells whether it held
-            landed = self.live(slot)
+            landed, entry["window"] = self.live(slot), self.in_window(slot)
             self.signal(slot, signal.SIGKILL)
             if slot.proc is not None:
                 slot.proc.join(5)
@@ -267,6 +301,7 @@ class Campaign:
             within = kind == "sigstop_within_lease"
             pause = ttl * (0.2 + 0.4 * spread if within else 1.5 + spread)
             slot.stopped_until = time.monotonic() + pause
+            entry["window"] = self.in_window(slot)
             return self.live(slot)
         if kind == "sink_cut":
             pid = self.state[slot.index * FIELDS + 2]
@@ -399,7 +434,7 @@ def campaign(
         admin_dsn: the server the campaign's databases are made on.
         private_pg: when > 0, a private server of the campaign's own instead, restarted or
             crashed at most that many times.
-        options: Campaign fields (ttl, groups, items, ...).
+        options: Campaign fields (ttl, groups, items, processor_groups, ...).
     """
     if private_pg <= 0:
         return _campaign(seed, faults, plain, admin_dsn, None, 0, options)
@@ -427,44 +462,32 @@ def _campaign(
         migrate(sink_dsn, SINK_FENCE)
         with psycopg.connect(sink_dsn, autocommit=True) as conn:
             conn.execute(EFFECTS)
-        proxy = Proxy(str(upstream.get("host", "127.0.0.1")), int(upstream.get("port", 5432)))
-        proxy.start()
-        run = Campaign(seed, faults, plain, lease_dsn, sink_dsn, proxy, **options)
-        run.server, run.server_faults = server, server_faults
-        started = time.monotonic()
-        try:
-            run.run()
-        finally:
-            proxy.stop()
-        seconds = round(time.monotonic() - started, 1)
-        log = {
-            "mode": "plain" if plain else "fenced",
-            "seed": seed,
-            "keys": run.keys,
-            "faults": run.log,
-            "probe": run.probe(),
-            "stuck": run.stuck,
-            "seconds": seconds,
-        }
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(log, f)
-        try:
-            checked = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.chaos.checker",
-                    "--sink-dsn",
-                    sink_dsn,
-                    "--log",
-                    f.name,
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
+        with contextlib.ExitStack() as stack:
+            processors = _processors(stack, int(options.get("processor_groups", 0)), plain)
+            proxy = Proxy(str(upstream.get("host", "127.0.0.1")), int(upstream.get("port", 5432)))
+            proxy.start()
+            run = Campaign(
+                seed, faults, plain, lease_dsn, sink_dsn, proxy, processors=processors, **options
             )
-        finally:
-            os.unlink(f.name)
+            run.server, run.server_faults = server, server_faults
+            started = time.monotonic()
+            try:
+                run.run()
+            finally:
+                proxy.stop()
+            seconds = round(time.monotonic() - started, 1)
+            log = {
+                "mode": "plain" if plain else "fenced",
+                "seed": seed,
+                "keys": run.keys,
+                "faults": run.log,
+                "probe": run.probe(),
+                "stuck": run.stuck,
+                "seconds": seconds,
+                "processors": processors,
+                "processor_keys": run.processor_keys,
+            }
+            checked = _check(sink_dsn, log)
     print(checked.stdout, end="")
     if not checked.stdout.strip():
         raise RuntimeError(f"the checker printed nothing:\n{checked.stderr}")
@@ -478,6 +501,46 @@ def _campaign(
     return verdict
 
 
+def _processors(stack: contextlib.ExitStack, groups: int, plain: bool) -> dict[str, str]:
+    """The payment processors the processor groups charge at, each in a process of its own:
+    ``idempotent`` (Stripe's idempotency keys) and, fenced with two groups or more, ``tokens``
+    (idempotency keys and fencing tokens; plain holders send no token, which it refuses)."""
+    if groups <= 0:
+        return {}
+    names = {"idempotent": False} if plain or groups < 2 else {"idempotent": False, "tokens": True}
+    urls: dict[str, str] = {}
+    for name, check_tokens in names.items():
+        out = Path(tempfile.gettempdir()) / f"eo-chaos-processor-{uuid.uuid4().hex[:8]}.log"
+        process = ProcessorProcess(out, check_tokens=check_tokens)
+        stack.callback(out.unlink, missing_ok=True)
+        stack.callback(process.stop)
+        urls[name] = process.start()
+    return urls
+
+
+def _check(sink_dsn: str, log: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """Runs the independent checker on the run's log (processors still up: it reads them)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(log, f)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.chaos.checker", "--sink-dsn", sink_dsn, "--log", f.name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.unlink(f.name)
+
+
+def _bad(verdict: dict[str, Any], plain: bool) -> bool:
+    """A violation: anything wrong with the plugin on; with it off, all but duplicates."""
+    bad = verdict["stale_writes_accepted"] + verdict["items_missed"] + verdict["keys_wedged"]
+    bad += verdict["holders_stuck"] + verdict["processor_items_missed"]
+    duplicates = verdict["duplicate_effects"] + verdict["processor_duplicates"]
+    return bool(bad or (duplicates and not plain))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -486,6 +549,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dsn", default=os.environ.get("CHAOS_ADMIN_DSN", ADMIN_DSN))
     parser.add_argument("--ttl", type=float, default=0.6, help="the holders' lease TTL, seconds")
     parser.add_argument("--groups", type=int, default=6, help="keys worked at once (3 holders)")
+    parser.add_argument(
+        "--processor-groups",
+        type=int,
+        default=0,
+        metavar="N",
+        help="groups charging each item at a payment processor (stripe SDK, ExternalCalls)",
+    )
     parser.add_argument(
         "--drain", type=float, default=60.0, help="seconds to finish in once the faults end"
     )
@@ -512,10 +582,9 @@ def main(argv: list[str]) -> int:
         groups=args.groups,
         kinds=tuple(args.kinds.split(",")),
         drain=args.drain,
+        processor_groups=args.processor_groups,
     )
-    bad = verdict["stale_writes_accepted"] + verdict["items_missed"] + verdict["keys_wedged"]
-    bad += verdict["holders_stuck"]
-    return int(bool(bad or (verdict["duplicate_effects"] and not args.plain)))
+    return int(_bad(verdict, args.plain))
 
 
 if __name__ == "__main__":

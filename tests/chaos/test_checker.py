@@ -39,3 +39,19 @@ def test_duplicates_stale_writes_missed_items_and_wedged_keys_are_reported() -> 
     assert verdict["items_missed"] == 2
     assert verdict["keys_wedged"] == 1
     assert verdict["by_fault"]["sigkill"]["keys_wedged"] == 1
+
+
+def test_items_charged_twice_or_never_at_the_processor_are_reported() -> None:
+    log = {
+        **_log(),
+        "processors": {"idempotent": "http://unused"},
+        "processor_keys": {KEY: "idempotent"},
+    }
+    rows = [(1, KEY, "item-000", 5, 9.0), (2, KEY, "item-001", 5, 11.0)]
+    charge = {"customer": "item-000", "metadata": {"customer": "item-000", "run": KEY}}
+    other = {"customer": "item-001", "metadata": {"customer": "item-001", "run": "another"}}
+    verdict = check(rows, log, {"idempotent": [charge, dict(charge), other]})
+    assert verdict["processor_duplicates"] == 1
+    assert verdict["processor_items_missed"] == 2  # item-001's charge was another run's
+    assert verdict["by_fault"]["sigkill"]["processor_duplicates"] == 1
+    assert verdict["processor_charges"] == 3

@@ -4,7 +4,12 @@ With the plugin (on a private Postgres restarted and crashed under it, its TCP p
 black-holed, reset, slowed, its commits made ambiguous), the independent checker finds no
 duplicate, no stale write, no missed item, no wedged key and no holder stuck; with the plugin
 disabled (holders writing without lease and fence) the same checker finds the duplicates, so
-it is shown to catch them. Each seed that once found a failure stays here as a regression
+it is shown to catch them. Three of the six groups charge each item at the payment processor
+(the stripe SDK through ``ExternalCalls.call``, one processor honouring idempotency keys, one
+also checking fencing tokens), process faults aimed at the window between the processor's
+answer and the sink's record: with the plugin no item is charged twice or missed at the
+processor; without it (no idempotency key, no ledger) the checker finds items charged twice
+at the processor. Each seed that once found a failure stays here as a regression
 case, with what it found.
 """
 
@@ -29,9 +34,14 @@ REGRESSIONS: dict[int, tuple[int, tuple[str, ...], str]] = {
 }
 
 
+PROCESSOR_GROUPS = 3
+
+
 def _clean(verdict: dict[str, Any]) -> None:
     assert verdict["items"] > 0
     assert verdict["duplicate_effects"] == 0
+    assert verdict["processor_duplicates"] == 0
+    assert verdict["processor_items_missed"] == 0
     assert verdict["stale_writes_accepted"] == 0
     assert verdict["items_missed"] == 0
     assert verdict["keys_wedged"] == 0
@@ -41,10 +51,14 @@ def _clean(verdict: dict[str, Any]) -> None:
 @pytest.mark.timeout(240)
 def test_fenced_holders_under_faults_write_every_item_once() -> None:
     # on a private Postgres of its own, restarted or crashed twice among the faults
-    verdict = campaign(SEED, 500, plain=False, private_pg=2)
+    verdict = campaign(SEED, 500, plain=False, private_pg=2, processor_groups=PROCESSOR_GROUPS)
     assert verdict["faults_injected"] == 500
     assert set(verdict["by_fault"]) >= set(PROCESS_KINDS + TCP_KINDS)
     assert verdict["faults_landed"] > 0
+    # charged at the processor, a holder frozen or killed before its record among the faults
+    assert verdict["processor_runs"] > 0
+    assert verdict["processor_charges"] == verdict["processor_items"]
+    assert verdict["faults_in_call_window"] > 0
     _clean(verdict)
 
 
@@ -59,6 +73,8 @@ def test_a_seed_that_found_a_failure_finds_none(seed: int) -> None:
 
 @pytest.mark.timeout(180)
 def test_the_checker_finds_duplicates_with_the_plugin_disabled() -> None:
-    verdict = campaign(SEED, 100, plain=True)
+    verdict = campaign(SEED, 100, plain=True, processor_groups=PROCESSOR_GROUPS)
     assert verdict["faults_landed"] > 0
     assert verdict["duplicate_effects"] > 0
+    assert verdict["processor_runs"] > 0
+    assert verdict["processor_duplicates"] > 0  # the same customer item charged twice
