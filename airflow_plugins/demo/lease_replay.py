@@ -36,10 +36,10 @@ from psycopg import sql
 from airflow_plugins.lease import (
     SINK_FENCE,
     Holder,
+    LeaseError,
     LeaseKeeper,
     LeaseLost,
     LeaseStore,
-    StaleToken,
     advance_fence,
     fenced_transaction,
     migrate,
@@ -97,14 +97,20 @@ def _work_fenced(args: argparse.Namespace) -> dict[str, Any]:
                         if tx.claim(customer):
                             _charge(conn, customer, lease.token, args.name)
                             charged += 1
-                except (StaleToken, LeaseLost, psycopg.OperationalError) as exc:
-                    # superseded: every further write would be refused too, so stop here
+                except (LeaseError, psycopg.Error) as exc:
+                    # superseded (StaleToken, LeaseLost), or its session ended while it was
+                    # frozen: every further write would be refused too, so stop here
                     refused += 1
-                    print(f"{args.name}: write refused: {exc}", file=sys.stderr)
+                    print(
+                        f"{args.name}: write refused: {type(exc).__name__}: {exc}", file=sys.stderr
+                    )
                     break
                 time.sleep(args.delay)
         if not keeper.lost and not refused:
-            store.complete(lease, {"charged": charged})
+            try:
+                store.complete(lease, {"charged": charged})
+            except LeaseLost as exc:  # taken over after its last write: the next holder ends it
+                print(f"{args.name}: not completed: {exc}", file=sys.stderr)
     return {
         "charged": charged,
         "refused": refused,
@@ -182,7 +188,29 @@ def _start_worker(name: str, fenced: bool, leases: str, sink: str, opts: argpars
     ]
     if fenced:
         argv.append("--fenced")
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # its stderr (refusals, or what made it fail) is kept for _result
+    with _stderr_path(name).open("w") as errors:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
+
+
+def _stderr_path(name: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"eo-lease-replay-{os.getpid()}-{name.split()[0]}.err"
+
+
+def _result(proc: Any, out: str, name: str) -> dict[str, Any]:
+    """What a finished worker printed last (its JSON result).
+
+    Raises:
+        RuntimeError: it printed none (it failed), with the end of its stderr.
+    """
+    path = _stderr_path(name)
+    errors = path.read_text() if path.exists() else ""
+    path.unlink(missing_ok=True)
+    lines = out.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+    raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{errors[-2000:]}")
 
 
 def _count(sink: str, query: str) -> int:
@@ -195,7 +223,8 @@ def _replay(fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> d
     with psycopg.connect(sink, autocommit=True) as conn:
         conn.execute("TRUNCATE charges")
         conn.execute("TRUNCATE runfence.fence, runfence.ledger")
-    first = _start_worker("execution-1 (evicted scheduler's task)", fenced, leases, sink, opts)
+    names = ("execution-1 (evicted scheduler's task)", "execution-2 (standby's re-run)")
+    first = _start_worker(names[0], fenced, leases, sink, opts)
     try:
         deadline = time.monotonic() + 120
         while _count(sink, "SELECT count(*) FROM charges") < opts.freeze_after:
@@ -205,7 +234,7 @@ def _replay(fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> d
         os.kill(first.pid, signal.SIGSTOP)
         # the standby sees the run as unfinished once the lease has expired
         time.sleep(opts.ttl + 1.0)
-        second = _start_worker("execution-2 (standby's re-run)", fenced, leases, sink, opts)
+        second = _start_worker(names[1], fenced, leases, sink, opts)
         second_out, _ = second.communicate(timeout=600)
     finally:
         os.kill(first.pid, signal.SIGCONT)
@@ -222,8 +251,8 @@ def _replay(fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> d
         "customers_charged": charged,
         "customers_charged_twice": twice,
         "customers_missed": opts.customers - charged,
-        "execution_1": json.loads(first_out.strip().splitlines()[-1]),
-        "execution_2": json.loads(second_out.strip().splitlines()[-1]),
+        "execution_1": _result(first, first_out, names[0]),
+        "execution_2": _result(second, second_out, names[1]),
     }
 
 
