@@ -11,9 +11,11 @@ Where a scenario needs its tries on one worker, the other worker is stopped whil
 again to take over.
 
 Where Airflow itself prevents the duplicate, the unprotected twin is asserted right too and the
-scenario says which of Airflow's checks did it: a message re-delivered while its try runs (it
-outlived the visibility timeout) is turned away by the API server's 409 on starting a task
-instance that is no longer queued (Celery provider: "Task already running elsewhere").
+scenario says which of Airflow's checks did it: a cleared try ends before its new try is queued
+(the resumable plain task re-does work but charges nobody twice); a broker restart loses
+queued messages, so nothing runs twice. A message re-delivered while its try runs (it outlived
+the visibility timeout) is not closed by Airflow: the copy is refused, but the scheduler takes
+its failure for the running try and retries it (see that scenario, not run by default).
 """
 
 from __future__ import annotations
