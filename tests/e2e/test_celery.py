@@ -11,9 +11,11 @@ Where a scenario needs its tries on one worker, the other worker is stopped whil
 again to take over.
 
 Where Airflow itself prevents the duplicate, the unprotected twin is asserted right too and the
-scenario says which of Airflow's checks did it: a message re-delivered while its try runs (it
-outlived the visibility timeout) is turned away by the API server's 409 on starting a task
-instance that is no longer queued (Celery provider: "Task already running elsewhere").
+scenario says which of Airflow's checks did it: a cleared try ends before its new try is queued
+(the resumable plain task re-does work but charges nobody twice); a broker restart loses
+queued messages, so nothing runs twice. A message re-delivered while its try runs (it outlived
+the visibility timeout) is not closed by Airflow: the copy is refused, but the scheduler takes
+its failure for the running try and retries it (see that scenario, not run by default).
 """
 
 from __future__ import annotations
@@ -48,10 +50,15 @@ __all__ = ["celery_airflow"]
 
 pytestmark = [pytest.mark.celery]
 
-# The slow variants are written and reviewed, not yet run green here: the machine's heavy lock
-# stayed busy until the deadline. Remove the mark after one green run of
-#   flock /tmp/eo-heavy.lock .venv/bin/python -m pytest tests/e2e/test_celery.py -q
-NOT_YET_RUN = pytest.mark.skip(reason="not yet run green on this machine (see NOT_YET_RUN)")
+# Not run by default (also not in CI): the run of the scenario below cannot succeed on this
+# Airflow, it was seen failing (see its docstring). Run it on demand with
+#   flock /tmp/eo-heavy.lock .venv/bin/python -m pytest tests/e2e/test_celery.py -q \
+#     --runxfail -k visibility
+REDELIVERY_FAILS_THE_RUNNING_TRY = pytest.mark.xfail(
+    run=False,
+    strict=True,
+    reason="Airflow fails the running try when the re-delivered copy is refused (seen 2026-12-01)",
+)
 
 
 @pytest.fixture
@@ -119,7 +126,7 @@ def test_billing_run_on_celery_workers(celery: CeleryHarness) -> None:
         assert workers[1] in nodes, f"the holder does not name its Celery worker: {workers}"
 
 
-@NOT_YET_RUN
+@REDELIVERY_FAILS_THE_RUNNING_TRY
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_task_outliving_the_visibility_timeout_is_redelivered_while_it_runs(
@@ -127,10 +134,22 @@ def test_task_outliving_the_visibility_timeout_is_redelivered_while_it_runs(
 ) -> None:
     """Each try runs ~150 s, longer than the visibility timeout (30 s) plus kombu's restore
     period (it looks for expired unacknowledged messages every 10th tick of 10 s, so every
-    100 s): Redis hands the message out again while the try runs. Airflow's own check turns the
-    copy away (the API server refuses to start a task instance that is no longer queued; the
-    provider logs "Task already running elsewhere"), so no variant charges twice, the plain
-    ones included: this road is closed by Airflow 3.3 itself, the lease is not what closes it."""
+    100 s): Redis hands the message out again while the try runs.
+
+    Written expecting Airflow's own check to turn the copy away harmlessly (the API server
+    refuses to start a task instance that is no longer queued). Seen on 2026-12-01 (Airflow
+    3.3, one run, 480 s): the copy is refused, but its Celery task ends failed, and the
+    scheduler takes that executor event for the running try ("Executor ... reported that the
+    task instance ... finished with state failed, but the task instance's state attribute is
+    running") and marks it up_for_retry; the running try's next heartbeat gets 404 ("Task
+    Instance not found, it may have been moved to the Task Instance History table") and its
+    supervisor kills it. Every try of ``billing_nightly.charge`` was killed that way after
+    100-150 s, five tries in 480 s, so no run can finish: the assertions below fail on the
+    first ``finish``. Each new try of the protected task got a higher token (2, 5, ... 15): the
+    road is a try killed and re-run from the start, which the lease and the ledger are meant to
+    make harmless and plain Airflow turns into re-charges; no tally was taken, so this is not
+    shown yet. Until it is, keep the visibility timeout above the longest task.
+    """
     runs = start_all(celery, 150 / CUSTOMERS)
     final = finish(celery, runs.values(), timeout=480)
     _report(celery, runs)
@@ -221,13 +240,15 @@ def test_frozen_worker_past_its_lease_is_refused_after_resume(celery: CeleryHarn
     assert workers[2] == celery.celery.node_name("worker-b"), workers
 
 
-@NOT_YET_RUN
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_running_task_cleared_on_celery(celery: CeleryHarness) -> None:
     """The UI's Clear on the running billing tasks: Airflow ends the old tries (their
-    supervisors learn it at the next heartbeat) and queues new ones. Plain Airflow re-charges
-    what the first try charged; the protected try skips it."""
+    supervisors learn it at the next heartbeat) and queues new ones, which a Celery worker
+    picks up. Plain Airflow re-charges what the first try charged; the protected try skips it
+    (the sink's ledger), the policy-tagged one waits for the lease. Airflow itself prevents the
+    overlap: the new try is queued only once the old one ended, so the resumable plain task
+    (untagged) is right; the harm a clear does to it is re-doing work, not doing it twice."""
     runs = start_all(celery, 0.1)
     for run in runs.values():
         celery.wait_for_task_processes(run.dag_id, run.run_id, TASK)
@@ -237,26 +258,52 @@ def test_running_task_cleared_on_celery(celery: CeleryHarness) -> None:
     final = finish(celery, runs.values(), timeout=360)
     _report(celery, runs)
     assert {v: r["state"] for v, r in final.items()} == dict.fromkeys(runs, "success")
+    for run in runs.values():
+        assert tries(celery, run) >= 2, f"{run.variant}: the clear did not start a new try"
     assert_double_charged(celery, runs["unprotected"])
-    for variant in (*PROTECTED, "untagged"):  # untagged: no overlap, so it resumes right
+    for variant in (*PROTECTED, "untagged"):
         assert_exactly_once(celery, runs[variant])
+    got = tally(celery, runs["protected"].business_date)
+    assert len(got.writers) >= 2, f"the new try charged nothing: {got.summary()}"
+    nodes = {celery.celery.node_name(w) for w in celery.stack.workers}
+    for variant in PROTECTED:
+        workers = _grant_workers(celery, runs[variant])
+        assert set(workers) >= {1, 2}, describe_audit(audit(celery, runs[variant]))
+        assert set(workers.values()) <= nodes, f"{variant}: holders {workers}"
 
 
-@NOT_YET_RUN
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_same_business_date_triggered_twice_on_celery(celery: CeleryHarness) -> None:
     """A second run of the same business date triggered during the first: the protected
-    task waits for the lease and returns the first run's result; plain Airflow charges again."""
+    task's acquire is ``held`` (it defers, freeing its worker slot), then finds the key
+    succeeded and returns the first run's result without charging. Plain Airflow charges every
+    customer again: two DAG runs are two task instances, none of Airflow's checks relates them.
+    The audit names the Celery worker of each holder, the first run's and the second's."""
     first = start_all(celery, 0.05)
     wait_charging(celery, first.values(), at_least=20)
     second = {v: trigger(celery, v, r.business_date, 0.05) for v, r in first.items()}
     final = finish(celery, [*first.values(), *second.values()], timeout=360)
     _report(celery, first)
-    assert all(r["state"] == "success" for r in final.values())
+    assert all(r["state"] == "success" for r in final.values()), final
+    nodes = {celery.celery.node_name(w) for w in celery.stack.workers}
     for variant in PROTECTED:
-        assert_exactly_once(celery, first[variant])
-    assert tally(celery, first["unprotected"].business_date).rows == 2 * CUSTOMERS
+        got = assert_exactly_once(celery, first[variant])
+        assert set(got.writers) == {"try1"}, got.summary()
+        writers = {r["writer"].split("/")[0] for r in celery.charges(first[variant].business_date)}
+        assert writers == {first[variant].run_id}, f"{variant}: not only the first run charged"
+        trail = audit(celery, first[variant])
+        acquires = [r for r in trail if r["event"] == "acquire"]
+        second_run = second[variant].run_id
+        by_run = {(r["holder"] or {}).get("run_id") for r in acquires}
+        assert {first[variant].run_id, second_run} <= by_run, describe_audit(trail)
+        turned_away = {r["outcome"] for r in acquires if r["holder"]["run_id"] == second_run}
+        assert turned_away & {"held", "succeeded"}, describe_audit(trail)
+        workers = {(r["holder"] or {}).get("worker") for r in acquires}
+        print(f"{variant}: holders on {sorted(map(str, workers))}")
+        assert workers <= nodes, f"{variant}: a holder names no Celery worker: {workers}"
+    plain = tally(celery, first["unprotected"].business_date)
+    assert plain.rows == 2 * CUSTOMERS, plain.summary()
     for variant in UNPROTECTED:
         assert_double_charged(celery, first[variant])
 
