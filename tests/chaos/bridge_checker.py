@@ -1,0 +1,105 @@
+"""The bridge campaign's independent checker: the sink's charges and Temporal's final states.
+
+It reads what a user would look at: the sink's ``charges`` rows (each with the run key, the
+customer and the writer's token, in commit order per key) and its fence ledger, and, from the
+Temporal server, each handed-over business run's final state and how many executions its
+workflow id has. It judges the charges with the lease-level checker's rules
+(``tests.chaos.checker.check``: duplicates, stale writes, missed customers, wedged keys, per
+fault kind) and adds the engine's side: every workflow closed completed, one execution per
+business run. It does not import the lease package or the bridge and never reads the lease
+store: those are under test.
+
+    .venv/bin/python -m tests.chaos.bridge_checker --sink-dsn URL --temporal HOST:PORT --log LOG
+
+Its last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import psycopg
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from tests.chaos.checker import check
+
+ROWS = (
+    "SELECT id, run_key, customer, token, extract(epoch FROM at)::float8"
+    " FROM charges ORDER BY run_key, id"
+)
+LEDGER = "SELECT count(*) FROM runfence.ledger"
+
+
+async def temporal_states(address: str, workflow_ids: list[str]) -> dict[str, Any]:
+    """Each workflow id's final status and its number of executions, as Temporal shows them."""
+    client = await Client.connect(address)
+    states: dict[str, str] = {}
+    executions: dict[str, int] = {}
+    for wid in workflow_ids:
+        described = await client.get_workflow_handle(wid).describe()
+        status = described.status
+        states[wid] = status.name if status is not None else "UNKNOWN"
+        executions[wid] = len([w async for w in client.list_workflows(f'WorkflowId = "{wid}"')])
+    return {"states": states, "executions": executions}
+
+
+def judge(
+    rows: list[tuple[Any, ...]], ledger: int, log: dict[str, Any], temporal: dict[str, Any]
+) -> dict[str, Any]:
+    """The verdict: the charges judged per key and fault kind, and Temporal's side."""
+    report = check(rows, log)
+    states: dict[str, str] = temporal["states"]
+    executions: dict[str, int] = temporal["executions"]
+    completed = WorkflowExecutionStatus.COMPLETED.name
+    report.update(
+        workflows=len(states),
+        workflows_not_completed=sum(1 for s in states.values() if s != completed),
+        not_completed=sorted(w for w, s in states.items() if s != completed)[:10],
+        extra_executions=sum(max(0, n - 1) for n in executions.values()),
+        charges=len(rows),
+        ledger_rows=ledger,
+        handovers=log.get("handovers", 0),
+        duplicate_handovers_started=log.get("duplicate_started", 0),
+        worker_processes=log.get("worker_processes", 0),
+    )
+    return report
+
+
+def bad(report: dict[str, Any]) -> int:
+    """How many violations the verdict holds (duplicates included)."""
+    return int(
+        report["duplicate_effects"]
+        + report["stale_writes_accepted"]
+        + report["items_missed"]
+        + report["keys_wedged"]
+        + report["workflows_not_completed"]
+        + report["extra_executions"]
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Prints the per-kind table, then the verdict as one JSON line; exit 1 on any violation."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sink-dsn", required=True)
+    parser.add_argument("--temporal", required=True, help="the Temporal frontend, host:port")
+    parser.add_argument("--log", required=True, help="the campaign's JSON log")
+    args = parser.parse_args(argv)
+    with open(args.log) as f:
+        log = json.load(f)
+    with psycopg.connect(args.sink_dsn) as conn:
+        rows = conn.execute(ROWS).fetchall()
+        ledger = int(conn.execute(LEDGER).fetchone()[0])  # type: ignore[index]
+    temporal = asyncio.run(temporal_states(args.temporal, list(log["runs"])))
+    report = judge(rows, ledger, log, temporal)
+    for kind, figures in report["by_fault"].items():
+        print(kind, json.dumps(figures))
+    print(json.dumps(report))
+    return int(bool(bad(report)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
