@@ -37,7 +37,7 @@ from airflow_plugins.lease.command_line import (
     add_global_options,
     fail,
 )
-from bridge.comparison import ready, recent
+from bridge.comparison import readiness, recent
 from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
 from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
 from bridge.temporal.client import connect
@@ -110,14 +110,15 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             return 0
         target = CutoverMode.parse(args.mode)
         current = modes.get(args.dag_id)
-        is_ready = ready(store, args.dag_id, config.ready_after)
+        verdict = readiness(store, args.dag_id, config.ready_after)
         change = modes.set(
             args.dag_id,
             target,
             actor=args.actor,
             reason=args.reason,
             force=args.force,
-            ready=is_ready,
+            ready=verdict.ready,
+            why_not_ready=verdict.why_not(),
         )
         if args.json:
             print(
@@ -189,8 +190,9 @@ def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
             )
             for diff in row["differences"]:
                 print(f"    {json.dumps(diff)}")
-        is_ready = ready(store, args.dag_id, config.ready_after)
-        print(json.dumps({"dag_id": args.dag_id, "ready": is_ready, "needs": config.ready_after}))
+        gate = readiness(store, args.dag_id, config.ready_after)
+        summary = {"dag_id": args.dag_id, "ready": gate.ready, "needs": config.ready_after}
+        print(json.dumps({**summary, **({"why": gate.why_not()} if not gate.ready else {})}))
     return 0
 
 

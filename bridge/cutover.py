@@ -118,6 +118,7 @@ class ModeStore:
         reason: str,
         force: bool = False,
         ready: bool | None = None,
+        why_not_ready: str = "",
     ) -> ModeChange:
         """Changes the DAG's mode, audited in the same transaction.
 
@@ -128,6 +129,7 @@ class ModeStore:
             reason: why.
             force: allow skipping steps forward and cutting over before the DAG is ready.
             ready: whether the comparison says the DAG is ready (needed for shadow -> temporal).
+            why_not_ready: what the comparison says stands in the way (for the refusal).
 
         Raises:
             UnknownMode: ``mode`` is not a mode.
@@ -140,7 +142,9 @@ class ModeStore:
             rows = conn.execute(query("mode_get"), {"dag_id": dag_id}).fetchall()
             current = CutoverMode.parse(rows[0]["mode"]) if rows else CutoverMode.AIRFLOW
             version = rows[0]["version"] if rows else 0
-            _check_transition(dag_id, current, target, force=force, ready=ready)
+            _check_transition(
+                dag_id, current, target, force=force, ready=ready, why_not_ready=why_not_ready
+            )
             done = conn.execute(
                 query("mode_set"),
                 {
@@ -168,7 +172,13 @@ class ModeStore:
 
 
 def _check_transition(
-    dag_id: str, current: CutoverMode, target: CutoverMode, *, force: bool, ready: bool | None
+    dag_id: str,
+    current: CutoverMode,
+    target: CutoverMode,
+    *,
+    force: bool,
+    ready: bool | None,
+    why_not_ready: str = "",
 ) -> None:
     if target == current:
         raise ModeChangeRefused(f"{dag_id} is already in mode {current.value}")
@@ -180,7 +190,7 @@ def _check_transition(
             "(or --force)"
         )
     if current is CutoverMode.SHADOW and not ready:
+        why = why_not_ready or "its last shadow runs did not all match"
         raise ModeChangeRefused(
-            f"{dag_id} is not ready to cut over: its last shadow runs did not all match "
-            "(see `bridge compare`), or --force"
+            f"{dag_id} is not ready to cut over: {why} (see `bridge compare {dag_id}`), or --force"
         )
