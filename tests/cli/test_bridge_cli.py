@@ -34,6 +34,7 @@ def test_mode_set_and_get_print_json_after_the_command(empty_db: str) -> None:
     dsn = {"BRIDGE_LEASE_DSN": empty_db}
     done = bridge(
         "mode", "set", "billing_x", "shadow", "--actor", "ops", "--reason", "dual run", "--json",
+        "--force",  # no DAG folder here: the shadow gate (tests/bridge/test_shadow_gate.py)
         **dsn,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -100,12 +101,8 @@ def test_cutover_refusal_says_what_the_shadow_runs_lack(empty_db: str) -> None:
     migrate(empty_db, LEASE_STORE)
     migrate_bridge(empty_db)
     env = {"BRIDGE_LEASE_DSN": empty_db, "BRIDGE_READY_AFTER": "3"}
-    assert (
-        bridge(
-            "mode", "set", "ready_x", "shadow", "--actor", "ops", "--reason", "dual run", **env
-        ).returncode
-        == 0
-    )
+    shadow = ("mode", "set", "ready_x", "shadow", "--actor", "ops", "--reason", "dual run")
+    assert bridge(*shadow, "--force", **env).returncode == 0  # no DAG folder: past the gate
 
     def cut_over() -> str:
         done = bridge(
