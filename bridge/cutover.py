@@ -80,6 +80,11 @@ def migrate_bridge(conninfo: str) -> list[int]:
     return migrate(conninfo, BRIDGE_SCHEMA)
 
 
+def business_run_id(business_date: str) -> str:
+    """The run id a business run's mode is fixed under (``FixedModeInput.run_id`` of a tick)."""
+    return f"scheduled__{business_date}"
+
+
 def audit_key(dag_id: str) -> str:
     """The audit key under which a DAG's mode changes are recorded."""
     return f"{dag_id}/cutover"
@@ -103,6 +108,12 @@ class ModeStore:
     def describe(self) -> list[dict[str, Any]]:
         """Every DAG with a mode row: mode, version, who changed it when and why."""
         return self._rows("mode_list", {})
+
+    def fix_for_business_run(self, dag_id: str, business_date: str) -> CutoverMode:
+        """The mode of one business run of ``dag_id``, whoever asks first (a driver's try, a
+        retry, a second driver run of the date, a schedule tick): the same run id as the
+        Temporal schedule's tick fixes (``bridge.ScheduledDag``)."""
+        return self.fix_for_run(dag_id, business_run_id(business_date))
 
     def fix_for_run(self, dag_id: str, run_id: str) -> CutoverMode:
         """The mode of one run: fixed by the first caller, the same for every later one."""
