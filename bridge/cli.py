@@ -37,9 +37,9 @@ from airflow_plugins.lease.command_line import (
     add_global_options,
     fail,
 )
-from bridge.comparison import ready, recent
+from bridge.comparison import readiness, recent
 from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
-from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
+from bridge.cutover import CutoverMode, ModeChangeRefused, ModeStore, migrate_bridge
 from bridge.temporal.client import connect
 
 EXIT_REFUSED = 1
@@ -110,14 +110,17 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             return 0
         target = CutoverMode.parse(args.mode)
         current = modes.get(args.dag_id)
-        is_ready = ready(store, args.dag_id, config.ready_after)
+        if target is CutoverMode.SHADOW and not args.force:
+            _check_shadow(args, config)
+        verdict = readiness(store, args.dag_id, config.ready_after)
         change = modes.set(
             args.dag_id,
             target,
             actor=args.actor,
             reason=args.reason,
             force=args.force,
-            ready=is_ready,
+            ready=verdict.ready,
+            why_not_ready=verdict.why_not(),
         )
         if args.json:
             print(
@@ -137,6 +140,41 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             )
         _apply_schedule(args, config, current, target)
         return 0
+
+
+def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
+    """Refuses shadow for a DAG whose tasks Temporal would run with effects, naming them.
+
+    Raises:
+        ModeChangeRefused: the DAG is not in the DAG folder, or has such tasks.
+    """
+    from bridge.in_airflow.translate import shadow_refusals_of, shadow_route
+
+    folder = args.dags_folder or config.dags_folder
+    if not folder:
+        raise ModeChangeRefused(
+            f"{args.dag_id}: cannot tell which of its tasks Temporal would run in shadow without "
+            "the DAG folder: give --dags-folder (or BRIDGE_DAGS_FOLDER), or --force"
+        )
+    dags = _dags(folder)
+    dag = dags.get(args.dag_id)
+    if dag is None:
+        raise ModeChangeRefused(
+            f"{args.dag_id} is not in the DAG folder {folder}: cannot tell which of its tasks "
+            "Temporal would run in shadow (or --force)"
+        )
+    refusals = shadow_refusals_of(dag, dags.values())
+    if refusals:
+        raise ModeChangeRefused(
+            f"{args.dag_id}: shadow refused, Temporal would run these tasks with effects: "
+            + "; ".join(refusals)
+        )
+    if shadow_route(dag, dags.values()) == "none":
+        print(
+            f"note: {args.dag_id} has no protected task and no BridgeOperator hands it over: "
+            "Temporal starts no shadow of it (see MIGRATION.md, Shadow)",
+            file=sys.stderr,
+        )
 
 
 def _apply_schedule(
@@ -189,8 +227,9 @@ def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
             )
             for diff in row["differences"]:
                 print(f"    {json.dumps(diff)}")
-        is_ready = ready(store, args.dag_id, config.ready_after)
-        print(json.dumps({"dag_id": args.dag_id, "ready": is_ready, "needs": config.ready_after}))
+        gate = readiness(store, args.dag_id, config.ready_after)
+        summary = {"dag_id": args.dag_id, "ready": gate.ready, "needs": config.ready_after}
+        print(json.dumps({**summary, **({"why": gate.why_not()} if not gate.ready else {})}))
     return 0
 
 

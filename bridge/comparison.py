@@ -132,10 +132,54 @@ def recent(store: LeaseStore, dag_id: str, limit: int = 20) -> list[dict[str, An
         ).fetchall()
 
 
+@dataclasses.dataclass(frozen=True)
+class Readiness:
+    """Whether a DAG may cut over, and why not: what its last compared shadow runs say.
+
+    Attributes:
+        dag_id: the DAG.
+        needed: consecutive matching runs needed (``BRIDGE_READY_AFTER``).
+        compared: compared shadow runs among the last ``needed`` (fewer when fewer ran).
+        last_diverging: the business date of the newest diverging run among them, if any.
+    """
+
+    dag_id: str
+    needed: int
+    compared: int
+    last_diverging: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True when the last ``needed`` compared runs all matched."""
+        return self.compared >= self.needed and self.last_diverging is None
+
+    def why_not(self) -> str:
+        """What stands between the DAG and cutover, in a user's words ("" when ready)."""
+        if self.ready:
+            return ""
+        if self.last_diverging is not None:
+            return (
+                f"its shadow run of {self.last_diverging} diverged from Airflow's; it needs "
+                f"{self.needed} matching shadow runs in a row after the last diverging one"
+            )
+        if self.compared == 0:
+            return f"no shadow run has been compared yet; run {self.needed} in shadow first"
+        return (
+            f"{self.compared} of the {self.needed} shadow runs it needs have been compared "
+            f"(all matched); run {self.needed - self.compared} more in shadow first"
+        )
+
+
+def readiness(store: LeaseStore, dag_id: str, runs: int) -> Readiness:
+    """What the DAG's last ``runs`` compared business runs say about cutting over."""
+    rows = recent(store, dag_id, runs)
+    diverging = next((str(r["business_date"]) for r in rows if not r["matched"]), None)
+    return Readiness(dag_id, runs, len(rows), diverging)
+
+
 def ready(store: LeaseStore, dag_id: str, runs: int) -> bool:
     """True when the DAG's last ``runs`` compared business runs all matched."""
-    rows = recent(store, dag_id, runs)
-    return len(rows) >= runs and all(r["matched"] for r in rows)
+    return readiness(store, dag_id, runs).ready
 
 
 def _primary_key(shadow_key: str) -> str:

@@ -80,6 +80,11 @@ def migrate_bridge(conninfo: str) -> list[int]:
     return migrate(conninfo, BRIDGE_SCHEMA)
 
 
+def business_run_id(business_date: str) -> str:
+    """The run id a business run's mode is fixed under (``FixedModeInput.run_id`` of a tick)."""
+    return f"scheduled__{business_date}"
+
+
 def audit_key(dag_id: str) -> str:
     """The audit key under which a DAG's mode changes are recorded."""
     return f"{dag_id}/cutover"
@@ -104,6 +109,12 @@ class ModeStore:
         """Every DAG with a mode row: mode, version, who changed it when and why."""
         return self._rows("mode_list", {})
 
+    def fix_for_business_run(self, dag_id: str, business_date: str) -> CutoverMode:
+        """The mode of one business run of ``dag_id``, whoever asks first (a driver's try, a
+        retry, a second driver run of the date, a schedule tick): the same run id as the
+        Temporal schedule's tick fixes (``bridge.ScheduledDag``)."""
+        return self.fix_for_run(dag_id, business_run_id(business_date))
+
     def fix_for_run(self, dag_id: str, run_id: str) -> CutoverMode:
         """The mode of one run: fixed by the first caller, the same for every later one."""
         rows = self._rows("mode_fix_for_run", {"dag_id": dag_id, "run_id": run_id})
@@ -118,6 +129,7 @@ class ModeStore:
         reason: str,
         force: bool = False,
         ready: bool | None = None,
+        why_not_ready: str = "",
     ) -> ModeChange:
         """Changes the DAG's mode, audited in the same transaction.
 
@@ -128,6 +140,7 @@ class ModeStore:
             reason: why.
             force: allow skipping steps forward and cutting over before the DAG is ready.
             ready: whether the comparison says the DAG is ready (needed for shadow -> temporal).
+            why_not_ready: what the comparison says stands in the way (for the refusal).
 
         Raises:
             UnknownMode: ``mode`` is not a mode.
@@ -140,7 +153,9 @@ class ModeStore:
             rows = conn.execute(query("mode_get"), {"dag_id": dag_id}).fetchall()
             current = CutoverMode.parse(rows[0]["mode"]) if rows else CutoverMode.AIRFLOW
             version = rows[0]["version"] if rows else 0
-            _check_transition(dag_id, current, target, force=force, ready=ready)
+            _check_transition(
+                dag_id, current, target, force=force, ready=ready, why_not_ready=why_not_ready
+            )
             done = conn.execute(
                 query("mode_set"),
                 {
@@ -168,7 +183,13 @@ class ModeStore:
 
 
 def _check_transition(
-    dag_id: str, current: CutoverMode, target: CutoverMode, *, force: bool, ready: bool | None
+    dag_id: str,
+    current: CutoverMode,
+    target: CutoverMode,
+    *,
+    force: bool,
+    ready: bool | None,
+    why_not_ready: str = "",
 ) -> None:
     if target == current:
         raise ModeChangeRefused(f"{dag_id} is already in mode {current.value}")
@@ -180,7 +201,7 @@ def _check_transition(
             "(or --force)"
         )
     if current is CutoverMode.SHADOW and not ready:
+        why = why_not_ready or "its last shadow runs did not all match"
         raise ModeChangeRefused(
-            f"{dag_id} is not ready to cut over: its last shadow runs did not all match "
-            "(see `bridge compare`), or --force"
+            f"{dag_id} is not ready to cut over: {why} (see `bridge compare {dag_id}`), or --force"
         )

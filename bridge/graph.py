@@ -33,7 +33,8 @@ def graph_problems(spec: DagSpec) -> list[str]:
 def shadow_refusals(spec: DagSpec) -> list[str]:
     """Tasks that may not run in shadow: effects outside a fence and not declared free of them."""
     return [
-        f"{t.task_id}: writes outside a fence (declare it side-effect-free or give it a sink)"
+        f"{t.task_id}: writes outside a fence (tag the DAG side-effect-free:{t.task_id} if it "
+        "has no effect, or make it a protected task with a sink)"
         for t in spec.tasks
         if not t.fenced and not t.side_effect_free and t.kind != "noop"
     ]

@@ -26,7 +26,12 @@ class HandoverFailed(RuntimeError):
     """The handover process failed for a reason other than the ones below."""
 
 
-def _resolved_config() -> BridgeConfig:
+#: Fire-and-forget handover processes (shadow starts) of this process not yet seen ending.
+_fired: list[subprocess.Popen[bytes]] = []
+
+
+def resolved_config() -> BridgeConfig:
+    """The bridge's settings as the handover child gets them (the lease store resolved)."""
     # resolved here, in the Airflow process: the child must not import Airflow's core (an
     # Airflow task's environment does not let it initialise), so it gets everything it needs
     config = BridgeConfig.load()
@@ -57,7 +62,7 @@ def request(
         InvalidLeaseInput: the run was refused (untranslatable, too large, bad input).
         HandoverFailed: anything else.
     """
-    config = _resolved_config()
+    config = resolved_config()
     body = json.dumps(
         {
             "config": dataclasses.asdict(config),
@@ -78,6 +83,9 @@ def request(
         assert proc.stdin is not None
         proc.stdin.write(body.encode())
         proc.stdin.close()
+        # kept until it ends (reaped by a later call): dropped while running, it would be
+        # reported as a leaked process and left a zombie
+        _fired[:] = [p for p in _fired if p.poll() is None] + [proc]
         return None
     done = subprocess.run(
         command, input=body.encode(), capture_output=True, timeout=TIMEOUT_S, env=dict(os.environ)

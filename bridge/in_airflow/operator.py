@@ -9,12 +9,23 @@ worker slot), pushes the workflow's result to XCom and fails with the workflow's
 that dies only detaches: the workflow goes on and the next try re-attaches. Only a user's action
 on the deferred task (clear, mark failed) cancels the workflow (``WorkflowTrigger.on_kill``).
 
+It obeys the graph's cutover mode (``bridge mode set GRAPH ...``), fixed per business run by the
+first try that asks (``ModeStore.fix_for_business_run``: a retry, a clear or a second driver run
+of the same date keeps it, so a mode change mid-run never makes both engines primaries of one
+business run):
+
+* ``airflow``: nothing is handed over; the task is skipped (the graph's tasks run in Airflow);
+* ``shadow``: Airflow is primary; the Temporal shadow of the run is started (never waited for,
+  never fatal) and the task is skipped;
+* ``temporal`` / ``temporal-scheduled``: Temporal is primary: hand over (or attach) and wait.
+
 Per-task handover of protected tasks (cutover modes) goes through ``bridge.in_airflow.router``
 instead.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -23,10 +34,26 @@ from airflow.sdk import BaseOperator
 from airflow_plugins.lease import InvalidLeaseInput
 from airflow_plugins.protection.task_identity import target_from_context
 from bridge.config import BridgeConfig, TemporalUnavailable
+from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
 from bridge.in_airflow import handoff
 from bridge.in_airflow.router import result_of
 from bridge.in_airflow.translate import UntranslatableDag, translate
-from bridge.spec import DagSpec
+from bridge.spec import DagSpec, RunMode
+
+log = logging.getLogger(__name__)
+
+
+def fixed_mode(dag_id: str, business_date: str) -> CutoverMode:
+    """The cutover mode of one business run of ``dag_id`` (fixed by the first caller), read
+    from the lease store the handover uses."""
+    from airflow_plugins.lease import LeaseStore
+
+    dsn = handoff.resolved_config().lease_dsn
+    if not dsn:
+        raise InvalidLeaseInput("no lease store: set BRIDGE_LEASE_DSN")
+    migrate_bridge(dsn)
+    with LeaseStore(dsn) as store:
+        return ModeStore(store).fix_for_business_run(dag_id, business_date)
 
 
 class BridgeOperator(BaseOperator):
@@ -91,17 +118,30 @@ class BridgeOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         """Hands the run over (or attaches) and defers until the workflow ends."""
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+        from airflow.sdk.exceptions import (
+            AirflowException,
+            AirflowFailException,
+            AirflowSkipException,
+        )
 
         from bridge.in_airflow.workflow_trigger import WorkflowTrigger
 
+        part = None if self.task_ids is None else self.task_id
         try:
             spec = self._spec(context)
             business_date = target_from_context(context, period=self.period).key.business_date
+            mode = fixed_mode(spec.dag_id, business_date)
+            if mode is CutoverMode.SHADOW:
+                self._start_shadow(spec, business_date, part, context)
+            if not mode.temporal_primary:
+                raise AirflowSkipException(
+                    f"bridge: {spec.dag_id} {business_date} is fixed to mode {mode.value}: "
+                    "Airflow is primary, nothing handed over"
+                )
             reply = handoff.request(
                 spec,
                 business_date,
-                part=None if self.task_ids is None else self.task_id,
+                part=part,
                 source=f"airflow:{context['run_id']}",
             )
         except TemporalUnavailable as exc:
@@ -116,6 +156,22 @@ class BridgeOperator(BaseOperator):
             trigger=WorkflowTrigger(reply.workflow_id, config.temporal_address, config.namespace),
             method_name="execute_complete",
         )
+
+    def _start_shadow(
+        self, spec: DagSpec, business_date: str, part: str | None, context: Any
+    ) -> None:
+        """Starts the run's Temporal shadow; never waited for, never fatal to Airflow's run."""
+        try:
+            handoff.request(
+                spec,
+                business_date,
+                mode=RunMode.SHADOW,
+                part=part,
+                source=f"airflow:{context['run_id']}",
+                wait=False,
+            )
+        except Exception as exc:  # the shadow must never disturb the primary
+            log.warning("bridge: no shadow for %s %s: %s", spec.dag_id, business_date, exc)
 
     def execute_complete(self, context: Any, event: Any = None) -> Any:
         """The workflow ended: its result goes to XCom, or the task fails with its error."""

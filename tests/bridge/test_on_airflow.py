@@ -64,11 +64,11 @@ def bridge_on_airflow(
         kill_process(worker, signal.SIGTERM)
 
 
-def _set_mode(airflow: AirflowHarness, mode: str) -> None:  # noqa: F811
+def _set_mode(airflow: AirflowHarness, mode: str, dag_id: str = DAG_ID) -> None:  # noqa: F811
     with LeaseStore(airflow.lease_dsn) as store:
         modes = ModeStore(store)
-        if modes.get(DAG_ID).value != mode:
-            modes.set(DAG_ID, mode, actor="test", reason="bridge e2e", force=True)
+        if modes.get(dag_id).value != mode:
+            modes.set(dag_id, mode, actor="test", reason="bridge e2e", force=True)
 
 
 def _status(address: str, wid: str) -> WorkflowExecutionStatus | None:
@@ -231,6 +231,7 @@ def test_bridge_operator_hands_a_whole_dag_run_to_one_workflow(
     airflow: AirflowHarness,  # noqa: F811
     bridge_on_airflow: BridgeConfig,
 ) -> None:
+    _set_mode(airflow, "temporal", "bridge_whole_graph")  # the operator obeys the graph's mode
     day = airflow.fresh_business_date()
     wid = workflow_id("bridge_whole_graph", day)
     first = airflow.trigger_dag_run("bridge_whole", {"business_date": day})

@@ -8,7 +8,12 @@ import os
 import subprocess
 import sys
 
+import psycopg
+from psycopg.types.json import Jsonb
+
 from airflow_plugins.lease import LEASE_STORE, migrate
+from bridge.cutover import migrate_bridge
+from bridge.sql import query
 
 
 def bridge(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -29,6 +34,7 @@ def test_mode_set_and_get_print_json_after_the_command(empty_db: str) -> None:
     dsn = {"BRIDGE_LEASE_DSN": empty_db}
     done = bridge(
         "mode", "set", "billing_x", "shadow", "--actor", "ops", "--reason", "dual run", "--json",
+        "--force",  # no DAG folder here: the shadow gate (tests/bridge/test_shadow_gate.py)
         **dsn,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -71,3 +77,63 @@ def test_help_shows_examples_and_exit_codes() -> None:
     assert done.returncode == 0
     assert "examples:\n  bridge mode set billing_nightly shadow" in done.stdout
     assert "3  unreachable" in done.stdout
+
+
+def _compared(dsn: str, dag_id: str, business_date: str, *, matched: bool) -> None:
+    """One compared shadow run of ``dag_id``, as the comparison activity stores it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            query("comparison_upsert"),
+            {
+                "dag_id": dag_id, "business_date": business_date, "primary_engine": "airflow",
+                "primary_status": "success", "primary_ms": 900,
+                "primary_digests": Jsonb({"charge": "a1"}), "primary_items": Jsonb({}),
+                "shadow_status": "success", "shadow_ms": 700,
+                "shadow_digests": Jsonb({"charge": "a1" if matched else "b2"}),
+                "shadow_items": Jsonb({}), "shadow_rows": Jsonb({}),
+                "differences": Jsonb([] if matched else [{"what": "output", "task": "charge"}]),
+                "matched": matched, "primary_calls": Jsonb({}), "shadow_calls": Jsonb({}),
+            },
+        )  # fmt: skip
+
+
+def test_cutover_refusal_says_what_the_shadow_runs_lack(empty_db: str) -> None:
+    migrate(empty_db, LEASE_STORE)
+    migrate_bridge(empty_db)
+    env = {"BRIDGE_LEASE_DSN": empty_db, "BRIDGE_READY_AFTER": "3"}
+    shadow = ("mode", "set", "ready_x", "shadow", "--actor", "ops", "--reason", "dual run")
+    assert bridge(*shadow, "--force", **env).returncode == 0  # no DAG folder: past the gate
+
+    def cut_over() -> str:
+        done = bridge(
+            "mode", "set", "ready_x", "temporal", "--actor", "ops", "--reason", "cut over", **env
+        )
+        assert done.returncode == 1, done.stdout
+        assert len(done.stderr.strip().splitlines()) == 1
+        return done.stderr.strip()
+
+    assert cut_over() == (
+        "bridge: error: ready_x is not ready to cut over: no shadow run has been compared yet; "
+        "run 3 in shadow first (see `bridge compare ready_x`), or --force"
+    )
+    _compared(empty_db, "ready_x", "2026-11-01", matched=True)
+    _compared(empty_db, "ready_x", "2026-11-02", matched=True)
+    assert "2 of the 3 shadow runs it needs have been compared (all matched); run 1 more" in (
+        cut_over()
+    )
+    _compared(empty_db, "ready_x", "2026-11-03", matched=False)
+    _compared(empty_db, "ready_x", "2026-11-04", matched=True)
+    assert "its shadow run of 2026-11-03 diverged from Airflow's" in cut_over()
+    compared = bridge("compare", "ready_x", "--json", **env)
+    assert json.loads(compared.stdout.splitlines()[-1]) == {
+        "dag_id": "ready_x", "ready": False, "needs": 3,
+        "why": "its shadow run of 2026-11-03 diverged from Airflow's; it needs 3 matching shadow "
+        "runs in a row after the last diverging one",
+    }  # fmt: skip
+    for day in ("2026-11-05", "2026-11-06"):
+        _compared(empty_db, "ready_x", day, matched=True)
+    done = bridge(
+        "mode", "set", "ready_x", "temporal", "--actor", "ops", "--reason", "3 matching runs", **env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ready_x: shadow -> temporal (v2)"

@@ -1,0 +1,137 @@
+"""``bridge mode set DAG shadow`` refuses a DAG whose tasks Temporal would run with effects.
+
+Shadow runs Temporal beside Airflow: a protected (fenced) task's writes are captured and rolled
+back, a task the DAG declares side-effect-free (tag ``side-effect-free`` or
+``side-effect-free:<task_id>``) just runs. Any other task Temporal would run has effects nobody
+rolls back, so the mode change is refused with those tasks named, before anything runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.bridge.conftest import REPO
+
+DAGS = """
+import pendulum
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, task
+
+from airflow_plugins.lease.fence import Fence
+from airflow_plugins.protection.decorators import exactly_once_task
+from bridge.in_airflow.operator import BridgeOperator
+
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+
+def ordinary(dag_id, tags):
+    with DAG(dag_id, schedule="0 2 * * *", start_date=START, tags=tags) as dag:
+
+        @task
+        def extract() -> list:
+            return [1, 2]
+
+        extract() >> BashOperator(task_id="notify", bash_command="echo sent")
+    return dag
+
+
+undeclared = ordinary("gate_undeclared", ["side-effect-free:extract"])
+declared = ordinary("gate_declared", ["side-effect-free:extract", "side-effect-free:notify"])
+whole = ordinary("gate_whole", ["side-effect-free"])
+
+with DAG("gate_protected", schedule="0 2 * * *", start_date=START):
+
+    @exactly_once_task(sink_conn_id="billing_db")
+    def charge(fence: Fence) -> int:
+        return 1
+
+    # only the protected task is shadowed (the router); notify runs in Airflow alone
+    BashOperator(task_id="notify", bash_command="echo sent") >> charge()
+
+with DAG("gate_graph", schedule=None, start_date=START, tags=["side-effect-free:extract"]) as g:
+
+    @task
+    def extract() -> list:
+        return [1, 2]
+
+    @task
+    def load(rows: list) -> int:
+        return len(rows)
+
+    load(extract())
+
+with DAG("gate_driver", schedule=None, start_date=START):
+    BridgeOperator(task_id="run_in_temporal", source_dag=g)
+"""
+
+
+@pytest.fixture(scope="module")
+def dags_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gate-dags")
+    (folder / "gate_dags.py").write_text(textwrap.dedent(DAGS))
+    return folder
+
+
+def _mode_set(dsn: str, folder: Path, dag_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "mode", "set", dag_id, "shadow", "--actor", "ops",
+         "--reason", "dual run", "--dags-folder", str(folder), *extra],
+        cwd=REPO, env={"BRIDGE_LEASE_DSN": dsn, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_shadow_is_refused_naming_the_tasks_temporal_would_run_with_effects(
+    dags_folder: Path,
+) -> None:
+    from bridge.in_airflow.translate import shadow_refusals_of, shadow_route, shadow_tasks
+    from bridge.worker.catalog import TaskCatalog
+
+    catalog = TaskCatalog(str(dags_folder))
+    catalog.load()
+    dags = {d: catalog.dag(d) for d in (
+        "gate_undeclared", "gate_declared", "gate_whole", "gate_protected", "gate_graph",
+        "gate_driver",
+    )}  # fmt: skip
+
+    def refused(dag_id: str) -> list[str]:
+        return [r.split(":")[0] for r in shadow_refusals_of(dags[dag_id], dags.values())]
+
+    assert refused("gate_undeclared") == ["notify"]
+    assert [shadow_route(dags[d], dags.values()) for d in ("gate_whole", "gate_protected",
+                                                           "gate_graph")] == [
+        "none", "protected", "bridge-operator"
+    ]  # fmt: skip
+    assert refused("gate_declared") == []
+    assert refused("gate_whole") == []
+    assert [t.task_id for t in shadow_tasks(dags["gate_protected"], dags.values())] == ["charge"]
+    assert refused("gate_protected") == []  # the fenced task is captured and rolled back
+    assert refused("gate_graph") == ["load"]  # the tasks the driver's BridgeOperator hands over
+    assert [t.task_id for t in shadow_tasks(dags["gate_graph"], dags.values())] == [
+        "extract",
+        "load",
+    ]
+
+
+def test_mode_set_shadow_refuses_an_undeclared_effect_and_accepts_a_declared_dag(
+    bridge_db: str, dags_folder: Path
+) -> None:
+    done = _mode_set(bridge_db, dags_folder, "gate_undeclared")
+    assert done.returncode == 1, done.stderr
+    # (Airflow's DagBag logs its parse on stderr before it)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "bridge: error: gate_undeclared: shadow refused, Temporal would run these tasks with "
+        "effects: notify: writes outside a fence (tag the DAG side-effect-free:notify if it has "
+        "no effect, or make it a protected task with a sink)"
+    )
+    assert done.stdout == ""
+    done = _mode_set(bridge_db, dags_folder, "gate_declared")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "gate_declared: airflow -> shadow (v1)"
+    # accepted, and told the truth: nothing hands this DAG's runs to Temporal yet
+    assert "note: gate_declared has no protected task and no BridgeOperator" in done.stderr
