@@ -194,6 +194,7 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
     known = WORKER_CONTEXT | set(env.globals) | {"fence", "business_date"}
     uses: list[Use] = []
     for field in getattr(task, "template_fields", ()) or ():
+        uses += _xcom_arg_uses(field, getattr(task, field, None), 0)
         for text in _strings(getattr(task, field, None), 0):
             source = _template_source(task, env, text)
             if source is None:
@@ -221,6 +222,37 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
                             )
                         )
     return _unique(uses)
+
+
+def _xcom_arg_uses(field: str, value: Any, depth: int) -> list[Use]:
+    """XComArgs in an operator's field (``env={"X": t.output}``) the worker cannot resolve."""
+    if depth > 5:
+        return []
+    if hasattr(value, "operator") and hasattr(value, "key"):
+        producer = value.operator
+        if value.key != RETURN_KEY:
+            return [
+                Use(
+                    "XCom key",
+                    f"its {field} takes XCom key {value.key!r} of {producer.task_id!r}: only "
+                    "return values cross tasks in the worker",
+                )
+            ]
+        if is_mapped(producer):
+            return [
+                Use(
+                    "mapped results",
+                    f"its {field} takes mapped task {producer.task_id!r}'s results: Airflow "
+                    "passes the list of its items' results, the worker a dict keyed by item",
+                )
+            ]
+        return []
+    items: list[Any] = []
+    if isinstance(value, Mapping):
+        items = list(value.values())
+    elif isinstance(value, list | tuple | set):
+        items = list(value)
+    return [use for item in items for use in _xcom_arg_uses(field, item, depth + 1)]
 
 
 def _template_source(task: Any, env: Any, text: str) -> str | None:

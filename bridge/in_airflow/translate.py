@@ -440,7 +440,8 @@ def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
     if hasattr(value, "operator") and hasattr(value, "key"):  # an XComArg
         producer = value.operator
         if value.key != RETURN_KEY:
-            construct = "multiple_outputs key" if producer.multiple_outputs else "XCom key"
+            outputs = getattr(producer, "multiple_outputs", False)
+            construct = "multiple_outputs key" if outputs else "XCom key"
             raise _NotTranslatable(
                 f"uses XCom key {value.key!r} of {producer.task_id!r}: only whole return values "
                 "cross tasks in the worker; take the dict and index it in the callable",

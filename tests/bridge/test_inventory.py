@@ -491,3 +491,15 @@ def test_every_example_dag_airflow_ships_is_reported_without_a_crash() -> None:
     print(f"\ntranslatable: {ok}/{len(found)} ({ok / len(found):.0%})")
     for construct, count in by_construct.most_common():
         print(f"  {count:4d}  {construct}")
+
+
+def test_an_operator_taking_a_mapped_tasks_output_is_refused() -> None:
+    with _dag("operator_mapped_input") as dag:
+
+        @task
+        def name(n: int) -> str:
+            return str(n)
+
+        names = name.expand(n=[1, 2])
+        BashOperator(task_id="greet", bash_command="echo $NAMES", env={"NAMES": names})
+    refused(translate(dag), "greet", "mapped results", "'name'", "dict keyed by item")
