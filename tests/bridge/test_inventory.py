@@ -503,3 +503,19 @@ def test_an_operator_taking_a_mapped_tasks_output_is_refused() -> None:
         names = name.expand(n=[1, 2])
         BashOperator(task_id="greet", bash_command="echo $NAMES", env={"NAMES": names})
     refused(translate(dag), "greet", "mapped results", "'name'", "dict keyed by item")
+
+
+def test_a_rendered_protected_task_still_routes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the router does in Airflow's task process (test_on_airflow runs it for real)."""
+    import copy
+
+    from bridge.in_airflow.router import single_task_spec
+
+    monkeypatch.syspath_prepend(str(REPO / "dags"))
+    dag = _bag(REPO / "tests" / "bridge" / "airflow_dags")["bridge_billing"]
+    charge = copy.deepcopy(dag.task_dict["charge"])
+    charge.op_kwargs = {"count": 30, "delay": 0.2, "writer": "manual__1"}  # as Airflow rendered
+    spec = single_task_spec(charge, {"dag": dag})
+    assert [(t.task_id, t.kind, t.fenced) for t in spec.tasks] == [
+        ("charge", TaskKind.PYTHON, True)
+    ]
