@@ -14,12 +14,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
-from bridge.in_airflow.code_use import RETURN_KEY, Use, callable_uses, is_mapped, template_uses
+from bridge.in_airflow.code_use import RETURN_KEY, callable_uses, is_mapped, template_uses
+from bridge.in_airflow.refusals import (
+    IN_PROCESS,
+    NotTranslatable,
+    class_names,
+    elsewhere,
+    refuse_kinds,
+)
 from bridge.spec import (
     SCHEDULABLE_TIMETABLES,
     UPSTREAM_MARKER,
@@ -32,19 +39,9 @@ from bridge.worker.execution import XCOM_ARGUMENT
 
 SIDE_EFFECT_FREE_TAG = "side-effect-free"
 LANE_TAG = "bridge-lane:"
-_CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
 _NOT_SCANNED = ("airflow.sdk.", "airflow.models.", "typing", "abc", "builtins")
 _DEFERS = ".defer("
 _METADATA_DB = ("create_session", "provide_session", "settings.Session", "airflow.models")
-_BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
-_IN_PROCESS = {"PythonOperator", "ExactlyOnceOperator"}  # what the worker runs by calling it
-_CALLBACKS = (
-    "on_execute_callback",
-    "on_success_callback",
-    "on_failure_callback",
-    "on_retry_callback",
-    "on_skipped_callback",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +111,7 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
         operator = type(task).__name__
         try:
             specs.append(task_spec(task, side_effect_free=free, render=render))
-        except _NotTranslatable as exc:
+        except NotTranslatable as exc:
             bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
         except Exception as exc:  # the report must never crash on a DAG
             bad.append(_uninspectable(task.task_id, operator, exc))
@@ -144,89 +141,9 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
 
 
-class _NotTranslatable(Exception):
-    """Why a task does not translate: one construct, or several ``uses``."""
-
-    def __init__(self, reason: str, construct: str = "", uses: Sequence[Use] = ()) -> None:
-        super().__init__(reason)
-        self.uses = tuple(uses) or (Use(construct, reason),)
-
-
 def _uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
     reason = f"could not inspect: {type(exc).__name__}: {exc}".splitlines()[0][:300]
     return Untranslatable(task_id, operator, reason, "could not inspect")
-
-
-def _class_names(task: Any) -> set[str]:
-    names = {cls.__name__ for cls in type(task).__mro__}
-    operator_class = getattr(task, "operator_class", None)  # a mapped task's operator
-    if isinstance(operator_class, type):
-        names |= {cls.__name__ for cls in operator_class.__mro__}
-    return names
-
-
-def _refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
-    names = _class_names(task)
-    if "BaseSensorOperator" in names:
-        raise _NotTranslatable(
-            "a sensor waits in Airflow's poke/reschedule loop; replace it with a polling "
-            "activity or a signal to the workflow",
-            "sensor",
-        )
-    if getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
-        raise _NotTranslatable(
-            "deferrable: it waits on an Airflow trigger, which Temporal lacks", "deferrable"
-        )
-    if names & _BRANCHING:
-        raise _NotTranslatable(
-            "branching/short-circuit decides what runs from Airflow's state", "branching"
-        )
-    if names & _CROSS_DAG:
-        raise _NotTranslatable(
-            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)", "cross-DAG"
-        )
-    if getattr(task, "is_setup", False) or getattr(task, "is_teardown", False):
-        raise _NotTranslatable(
-            "a setup/teardown task: the workflow has no setup/teardown scope", "setup/teardown"
-        )
-    rule = str(getattr(task, "trigger_rule", "all_success"))
-    if rule.rsplit(".", 1)[-1].lower() != "all_success":
-        raise _NotTranslatable(
-            f"trigger rule {rule!r}: only all_success is translated", "trigger rule"
-        )
-    _refuse_semantics(task, partial)
-
-
-def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
-    """What Airflow does around a task's code that the worker does not do."""
-
-    def attr(name: str) -> Any:
-        value = getattr(task, name, None)
-        return partial.get(name) if value is None else value
-
-    if attr("_pre_execute_hook") or attr("_post_execute_hook"):
-        raise _NotTranslatable(
-            "a pre/post-execute hook (@task.run_if, @task.skip_if, pre_execute=): Airflow runs "
-            "it around the task, the worker does not; decide inside the callable",
-            "run_if/skip_if/pre_execute",
-        )
-    hooked = next((c for c in _CALLBACKS if attr(c)), None)
-    if hooked is not None:
-        raise _NotTranslatable(
-            f"{hooked}: Airflow calls it, the worker does not; alert from Temporal instead",
-            "callback",
-        )
-    if attr("depends_on_past") or attr("wait_for_downstream"):
-        raise _NotTranslatable(
-            "depends_on_past/wait_for_downstream: Airflow waits on the previous run's task, "
-            "the workflow does not",
-            "depends_on_past",
-        )
-    if is_mapped(task) and "MappedOperator" not in _class_names(task):
-        raise _NotTranslatable(
-            "in a mapped task group: the bridge maps single tasks only; map a @task instead",
-            "mapped task group",
-        )
 
 
 def task_spec(
@@ -255,11 +172,11 @@ def task_spec(
     ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
 
     Raises:
-        _NotTranslatable: with the reason.
+        NotTranslatable: with the reason.
     """
     partial: Mapping[str, Any] = getattr(task, "partial_kwargs", None) or {}
-    _refuse_kinds(task, partial)
-    names = _class_names(task)
+    refuse_kinds(task, partial)
+    names = class_names(task)
     mapped = "MappedOperator" in names
     fn = getattr(task, "python_callable", None) or partial.get("python_callable")
     fn = getattr(fn, "_exactly_once_original", fn)
@@ -268,8 +185,8 @@ def task_spec(
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
     if fn is None:
         return _operator_spec(task, names, mapped, side_effect_free, common)
-    if not names & _IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
-        raise _NotTranslatable(*_elsewhere(type(task).__name__, names))
+    if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
+        raise NotTranslatable(*elsewhere(type(task).__name__, names))
     args = list((getattr(task, "op_args", None) if not mapped else partial.get("op_args")) or ())
     kwargs = dict(
         (getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")) or {}
@@ -282,10 +199,10 @@ def task_spec(
     uses = callable_uses(fn, passed=passed)
     try:
         args, kwargs = _arguments(args, render), _arguments(kwargs, render)
-    except _NotTranslatable as exc:
+    except NotTranslatable as exc:
         uses += exc.uses
     if uses:
-        raise _NotTranslatable(uses[0].reason, uses=uses)
+        raise NotTranslatable(uses[0].reason, uses=uses)
     sink = getattr(task, "sink_conn_id", None) or partial.get("sink_conn_id")
     return TaskSpec(
         task.task_id,
@@ -302,34 +219,18 @@ def task_spec(
     )
 
 
-def _elsewhere(cls: str, names: set[str]) -> tuple[str, str]:
-    """Why a callable that Airflow runs somewhere other than in-process is refused."""
-    if "BashOperator" in names:
-        return (
-            "@task.bash: Airflow runs the command the function returns, the worker would call "
-            "the function and never run bash; use BashOperator (its execute runs in the worker)",
-            "@task.bash",
-        )
-    return (
-        f"{cls} runs its callable in its own environment (a virtualenv, another interpreter, a "
-        "container, a pod, another language): the worker would call it in-process; refused "
-        "rather than rebuilt: use @task in the worker's environment, or keep it in Airflow",
-        cls,
-    )
-
-
 def _operator_spec(
     task: Any, names: set[str], mapped: bool, side_effect_free: bool, common: dict[str, Any]
 ) -> TaskSpec:
     """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
     folder and rendering its templated fields (``bridge.worker.execution``)."""
     if mapped:
-        raise _NotTranslatable(
+        raise NotTranslatable(
             "a mapped operator without a Python callable: map a @task over the list instead",
             "mapped operator",
         )
     if "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
-        raise _NotTranslatable(
+        raise NotTranslatable(
             "a serialized task: translate from the DAG file, not the DB", "serialized"
         )
     for cls in type(task).__mro__:
@@ -342,13 +243,13 @@ def _operator_spec(
         # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
         # asked to; one without the flag may defer whenever its code says so
         if _DEFERS in source and not hasattr(task, "deferrable"):
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger",
                 "deferrable",
             )
         used = next((m for m in _METADATA_DB if m in source), None)
         if used is not None:
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"needs Airflow's metadata DB ({cls.__name__} uses {used}), which a worker "
                 "does not reach",
                 "metadata DB",
@@ -356,13 +257,13 @@ def _operator_spec(
     try:
         copy.deepcopy(task)  # what the worker does before each run
     except Exception as exc:
-        raise _NotTranslatable(f"the worker cannot rebuild it: {exc}", "cannot rebuild") from exc
+        raise NotTranslatable(f"the worker cannot rebuild it: {exc}", "cannot rebuild") from exc
     # Airflow lets an operator pull any task of its run that ran before it: every ancestor
     # becomes an upstream (already implied under all_success), so the workflow passes its result
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
     uses = template_uses(task, wired=ancestors)
     if uses:
-        raise _NotTranslatable(uses[0].reason, uses=uses)
+        raise NotTranslatable(uses[0].reason, uses=uses)
     xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
     return TaskSpec(
         task.task_id,
@@ -402,25 +303,25 @@ def _expansion(task: Any) -> tuple[str, str]:
     expand = getattr(task, "op_kwargs_expand_input", None) or getattr(task, "expand_input", None)
     value = getattr(expand, "value", None)
     if not isinstance(value, Mapping):
-        raise _NotTranslatable(
+        raise NotTranslatable(
             "expand_kwargs / a list of argument sets: map over one argument instead",
             "expand_kwargs",
         )
     if len(value) != 1:
-        raise _NotTranslatable(
+        raise NotTranslatable(
             "mapped over more than one argument (a cross product): map over one", "expand"
         )
     ((arg, source),) = value.items()
     producer = getattr(source, "operator", None)
     upstream = getattr(producer, "task_id", None)
     if upstream is None or getattr(source, "key", RETURN_KEY) != RETURN_KEY:
-        raise _NotTranslatable(
+        raise NotTranslatable(
             "mapped over something other than an upstream task's result (a literal list, "
             ".map(), zip(), an XCom key)",
             "expand",
         )
     if is_mapped(producer):
-        raise _NotTranslatable(
+        raise NotTranslatable(
             f"mapped over mapped task {upstream!r}: the worker hands on a dict of its items' "
             "results, not a list to map",
             "map over mapped",
@@ -442,27 +343,27 @@ def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
         if value.key != RETURN_KEY:
             outputs = getattr(producer, "multiple_outputs", False)
             construct = "multiple_outputs key" if outputs else "XCom key"
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"uses XCom key {value.key!r} of {producer.task_id!r}: only whole return values "
                 "cross tasks in the worker; take the dict and index it in the callable",
                 construct,
             )
         if is_mapped(producer):
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"takes mapped task {producer.task_id!r}'s results: Airflow passes the list of "
                 "its items' results, the worker a dict keyed by item",
                 "mapped results",
             )
         return {UPSTREAM_MARKER: producer.task_id}
     if "XComArg" in type(value).__name__:  # .map(), zip(), concat()
-        raise _NotTranslatable(
+        raise NotTranslatable(
             f"a {type(value).__name__} (.map(), zip(), concat()): only a task's own output is "
             "passed; transform it in the callable",
             "XComArg transform",
         )
     if isinstance(value, str) and "{{" in value:
         if render is None:
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"argument {value!r} is a Jinja template only Airflow renders; hand the run over "
                 "from Airflow (the bridge operator renders it) or pass the value",
                 "Jinja argument",
