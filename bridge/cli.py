@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -85,7 +86,9 @@ def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
         found = inventory(_dags(args.dags_folder or config.dags_folder, errors).values())
     for translation in found:
         if args.json:
-            print(json.dumps({"dag_id": translation.dag_id, "translatable": translation.ok}))
+            refused = [dataclasses.asdict(u) for u in translation.untranslatable]
+            line = {"dag_id": translation.dag_id, "translatable": translation.ok}
+            print(json.dumps({**line, "untranslatable": refused, "notes": list(translation.notes)}))
         else:
             print(translation.report())
     summary = {"dags": len(found), "translatable": sum(t.ok for t in found)}

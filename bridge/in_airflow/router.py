@@ -43,7 +43,7 @@ def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
     free = SIDE_EFFECT_FREE_TAG in tags or f"{SIDE_EFFECT_FREE_TAG}:{operator.task_id}" in tags
     try:
         spec = task_spec(operator, side_effect_free=free)
-    except Exception as exc:  # _NotTranslatable, with the reason
+    except Exception as exc:  # NotTranslatable, with the reason
         raise InvalidLeaseInput(f"{operator.task_id} cannot run in Temporal: {exc}") from exc
     if spec.kind is TaskKind.EXECUTE and spec.upstream:
         raise InvalidLeaseInput(

@@ -19,6 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
+from bridge.in_airflow.code_use import RETURN_KEY, callable_uses, is_mapped, template_uses
+from bridge.in_airflow.refusals import (
+    IN_PROCESS,
+    NotTranslatable,
+    class_names,
+    elsewhere,
+    refuse_kinds,
+)
 from bridge.spec import (
     SCHEDULABLE_TIMETABLES,
     UPSTREAM_MARKER,
@@ -31,11 +39,9 @@ from bridge.worker.execution import XCOM_ARGUMENT
 
 SIDE_EFFECT_FREE_TAG = "side-effect-free"
 LANE_TAG = "bridge-lane:"
-_CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
 _NOT_SCANNED = ("airflow.sdk.", "airflow.models.", "typing", "abc", "builtins")
 _DEFERS = ".defer("
 _METADATA_DB = ("create_session", "provide_session", "settings.Session", "airflow.models")
-_BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Untranslatable:
     task_id: str
     operator: str
     reason: str
+    construct: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +76,10 @@ class Translation:
             ]
         else:
             lines = [f"{self.dag_id}: NOT translatable"]
-        lines += [f"  - {u.task_id} ({u.operator}): {u.reason}" for u in self.untranslatable]
+        lines += [
+            f"  - {u.task_id} ({u.operator}) [{u.construct}]: {u.reason}"
+            for u in self.untranslatable
+        ]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -98,10 +108,19 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
     notes: list[str] = []
     for task in dag.tasks:
         free = free_all or f"{SIDE_EFFECT_FREE_TAG}:{task.task_id}" in tags
+        operator = type(task).__name__
         try:
             specs.append(task_spec(task, side_effect_free=free, render=render))
-        except _NotTranslatable as exc:
-            bad.append(Untranslatable(task.task_id, type(task).__name__, str(exc)))
+        except NotTranslatable as exc:
+            bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
+        except Exception as exc:  # the report must never crash on a DAG
+            bad.append(_uninspectable(task.task_id, operator, exc))
+    emitting = sorted(t.task_id for t in dag.tasks if getattr(t, "outlets", None))
+    if emitting:
+        notes.append(
+            f"asset outlets ({', '.join(emitting)}): the worker emits no asset events, so once "
+            "the DAG is temporal-scheduled, DAGs scheduled on those assets do not run"
+        )
     timetable = getattr(dag, "timetable", None)
     expression = getattr(timetable, "expression", None) or getattr(timetable, "_expression", None)
     kind = type(timetable).__name__ if timetable is not None else None
@@ -122,32 +141,9 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
 
 
-class _NotTranslatable(Exception):
-    pass
-
-
-def _class_names(task: Any) -> set[str]:
-    return {cls.__name__ for cls in type(task).__mro__}
-
-
-def _refuse_kinds(task: Any) -> None:
-    names = _class_names(task)
-    if "BaseSensorOperator" in names:
-        raise _NotTranslatable(
-            "a sensor waits in Airflow's poke/reschedule loop; replace it with a polling "
-            "activity or a signal to the workflow"
-        )
-    if getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
-        raise _NotTranslatable("deferrable: it waits on an Airflow trigger, which Temporal lacks")
-    if names & _BRANCHING:
-        raise _NotTranslatable("branching/short-circuit decides what runs from Airflow's state")
-    if names & _CROSS_DAG:
-        raise _NotTranslatable(
-            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)"
-        )
-    rule = str(getattr(task, "trigger_rule", "all_success"))
-    if rule.rsplit(".", 1)[-1].lower() != "all_success":
-        raise _NotTranslatable(f"trigger rule {rule!r}: only all_success is translated")
+def _uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
+    reason = f"could not inspect: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return Untranslatable(task_id, operator, reason, "could not inspect")
 
 
 def task_spec(
@@ -169,14 +165,18 @@ def task_spec(
     ``airflow.models``), operators that cannot be copied, mapped operators without a Python
     callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
     operators, and Python-callable arguments holding Jinja templates (only Airflow renders
-    them).
+    them); and what Airflow does around the code that the worker does not (setup/teardown,
+    callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere:
+    ``@task.bash``, ``@task.virtualenv``, ...) or what the code uses that the worker does not
+    give it (``bridge.in_airflow.code_use``: context arguments, XCom keys, skip exceptions,
+    ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
 
     Raises:
-        _NotTranslatable: with the reason.
+        NotTranslatable: with the reason.
     """
-    _refuse_kinds(task)
-    names = _class_names(task)
     partial: Mapping[str, Any] = getattr(task, "partial_kwargs", None) or {}
+    refuse_kinds(task, partial)
+    names = class_names(task)
     mapped = "MappedOperator" in names
     fn = getattr(task, "python_callable", None) or partial.get("python_callable")
     fn = getattr(fn, "_exactly_once_original", fn)
@@ -185,18 +185,32 @@ def task_spec(
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
     if fn is None:
         return _operator_spec(task, names, mapped, side_effect_free, common)
-    args = getattr(task, "op_args", None) if not mapped else partial.get("op_args")
-    kwargs = getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")
+    if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
+        raise NotTranslatable(*elsewhere(type(task).__name__, names))
+    args = list((getattr(task, "op_args", None) if not mapped else partial.get("op_args")) or ())
+    kwargs = dict(
+        (getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")) or {}
+    )
     map_over, map_arg = _expansion(task) if mapped else (None, "item")
-    fenced = "fence" in inspect.signature(fn).parameters
+    params = list(inspect.signature(fn).parameters)
+    # the worker passes the fence first when it is the first parameter, then the arguments
+    positional = params[1:] if params[:1] == ["fence"] else params
+    passed = {*kwargs, *positional[: len(args)], "fence", *([map_arg] if mapped else [])}
+    uses = callable_uses(fn, passed=passed)
+    try:
+        args, kwargs = _arguments(args, render), _arguments(kwargs, render)
+    except NotTranslatable as exc:
+        uses += exc.uses
+    if uses:
+        raise NotTranslatable(uses[0].reason, uses=uses)
     sink = getattr(task, "sink_conn_id", None) or partial.get("sink_conn_id")
     return TaskSpec(
         task.task_id,
         kind=TaskKind.PYTHON,
         callable_ref=_importable(fn),
-        args=tuple(_arguments(list(args or ()), render)),
-        kwargs=dict(_arguments(dict(kwargs or {}), render)),
-        fenced=fenced,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        fenced="fence" in params,
         sink=sink,
         side_effect_free=side_effect_free,
         map_over=map_over,
@@ -211,11 +225,14 @@ def _operator_spec(
     """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
     folder and rendering its templated fields (``bridge.worker.execution``)."""
     if mapped:
-        raise _NotTranslatable(
-            "a mapped operator without a Python callable: map a @task over the list instead"
+        raise NotTranslatable(
+            "a mapped operator without a Python callable: map a @task over the list instead",
+            "mapped operator",
         )
     if "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
-        raise _NotTranslatable("a serialized task: translate from the DAG file, not the DB")
+        raise NotTranslatable(
+            "a serialized task: translate from the DAG file, not the DB", "serialized"
+        )
     for cls in type(task).__mro__:
         if cls.__module__.startswith(_NOT_SCANNED):
             continue
@@ -226,22 +243,27 @@ def _operator_spec(
         # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
         # asked to; one without the flag may defer whenever its code says so
         if _DEFERS in source and not hasattr(task, "deferrable"):
-            raise _NotTranslatable(
-                f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger"
+            raise NotTranslatable(
+                f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger",
+                "deferrable",
             )
         used = next((m for m in _METADATA_DB if m in source), None)
         if used is not None:
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"needs Airflow's metadata DB ({cls.__name__} uses {used}), which a worker "
-                "does not reach"
+                "does not reach",
+                "metadata DB",
             )
     try:
         copy.deepcopy(task)  # what the worker does before each run
     except Exception as exc:
-        raise _NotTranslatable(f"the worker cannot rebuild it: {exc}") from exc
+        raise NotTranslatable(f"the worker cannot rebuild it: {exc}", "cannot rebuild") from exc
     # Airflow lets an operator pull any task of its run that ran before it: every ancestor
     # becomes an upstream (already implied under all_success), so the workflow passes its result
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    uses = template_uses(task, wired=ancestors)
+    if uses:
+        raise NotTranslatable(uses[0].reason, uses=uses)
     xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
     return TaskSpec(
         task.task_id,
@@ -280,12 +302,30 @@ def _seconds(value: Any) -> float:
 def _expansion(task: Any) -> tuple[str, str]:
     expand = getattr(task, "op_kwargs_expand_input", None) or getattr(task, "expand_input", None)
     value = getattr(expand, "value", None)
-    if not isinstance(value, Mapping) or len(value) != 1:
-        raise _NotTranslatable("mapped over more than one argument (or a literal list)")
+    if not isinstance(value, Mapping):
+        raise NotTranslatable(
+            "expand_kwargs / a list of argument sets: map over one argument instead",
+            "expand_kwargs",
+        )
+    if len(value) != 1:
+        raise NotTranslatable(
+            "mapped over more than one argument (a cross product): map over one", "expand"
+        )
     ((arg, source),) = value.items()
-    upstream = getattr(getattr(source, "operator", None), "task_id", None)
-    if upstream is None or getattr(source, "key", "return_value") != "return_value":
-        raise _NotTranslatable("mapped over something other than an upstream task's result")
+    producer = getattr(source, "operator", None)
+    upstream = getattr(producer, "task_id", None)
+    if upstream is None or getattr(source, "key", RETURN_KEY) != RETURN_KEY:
+        raise NotTranslatable(
+            "mapped over something other than an upstream task's result (a literal list, "
+            ".map(), zip(), an XCom key)",
+            "expand",
+        )
+    if is_mapped(producer):
+        raise NotTranslatable(
+            f"mapped over mapped task {upstream!r}: the worker hands on a dict of its items' "
+            "results, not a list to map",
+            "map over mapped",
+        )
     return upstream, arg
 
 
@@ -299,14 +339,34 @@ def _importable(fn: Callable[..., Any]) -> str | None:
 
 def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
     if hasattr(value, "operator") and hasattr(value, "key"):  # an XComArg
-        if value.key != "return_value":
-            raise _NotTranslatable(f"uses XCom key {value.key!r}: only return values translate")
-        return {UPSTREAM_MARKER: value.operator.task_id}
+        producer = value.operator
+        if value.key != RETURN_KEY:
+            outputs = getattr(producer, "multiple_outputs", False)
+            construct = "multiple_outputs key" if outputs else "XCom key"
+            raise NotTranslatable(
+                f"uses XCom key {value.key!r} of {producer.task_id!r}: only whole return values "
+                "cross tasks in the worker; take the dict and index it in the callable",
+                construct,
+            )
+        if is_mapped(producer):
+            raise NotTranslatable(
+                f"takes mapped task {producer.task_id!r}'s results: Airflow passes the list of "
+                "its items' results, the worker a dict keyed by item",
+                "mapped results",
+            )
+        return {UPSTREAM_MARKER: producer.task_id}
+    if "XComArg" in type(value).__name__:  # .map(), zip(), concat()
+        raise NotTranslatable(
+            f"a {type(value).__name__} (.map(), zip(), concat()): only a task's own output is "
+            "passed; transform it in the callable",
+            "XComArg transform",
+        )
     if isinstance(value, str) and "{{" in value:
         if render is None:
-            raise _NotTranslatable(
+            raise NotTranslatable(
                 f"argument {value!r} is a Jinja template only Airflow renders; hand the run over "
-                "from Airflow (the bridge operator renders it) or pass the value"
+                "from Airflow (the bridge operator renders it) or pass the value",
+                "Jinja argument",
             )
         return render(value, None)
     if isinstance(value, Mapping):
@@ -394,5 +454,14 @@ def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
 
 
 def inventory(dags: Iterable[Any]) -> list[Translation]:
-    """Translates every DAG (the inventory a migration starts from)."""
-    return [translate(dag) for dag in sorted(dags, key=lambda d: d.dag_id)]
+    """Translates every DAG (the inventory a migration starts from). Never raises on a DAG: one
+    that cannot be inspected is reported untranslatable with the exception."""
+    found: list[Translation] = []
+    for dag in sorted(dags, key=lambda d: str(getattr(d, "dag_id", ""))):
+        try:
+            found.append(translate(dag))
+        except Exception as exc:
+            dag_id = str(getattr(dag, "dag_id", "?"))
+            bad = _uninspectable("(dag)", type(dag).__name__, exc)
+            found.append(Translation(dag_id, None, (bad,)))
+    return found

@@ -1,0 +1,392 @@
+"""What a task's code uses of Airflow that the bridge worker does not carry, read, not run.
+
+The worker calls a Python callable with the task's own arguments only (no context, no ``ti``,
+no current context), carries only return values between tasks, and renders an operator's
+templates with a smaller context (``bridge.worker.execution.template_context``). This module
+reads a callable's signature and source (its AST, and that of the same module's functions it
+calls) and an operator's Jinja templates, and names each such use with a one-line reason, so the
+inventory refuses the task before anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+from airflow.sdk.definitions.context import Context
+
+RETURN_KEY = "return_value"
+#: What the task SDK injects into a callable by parameter name (the context's keys).
+INJECTED = frozenset(Context.__annotations__) | {"templates_dict"}
+#: The names the worker's template context holds (``template_context``'s keys).
+WORKER_CONTEXT = frozenset(
+    {
+        "dag", "task", "ti", "task_instance", "run_id", "dag_run", "params", "logical_date",
+        "ds", "ds_nodash", "ts", "ts_nodash", "ts_nodash_with_tz", "data_interval_start",
+        "data_interval_end", "task_instance_key_str", "inlets", "outlets", "outlet_events",
+        "inlet_events", "macros", "var", "conn", "map_index_template", "triggering_asset_events",
+    }
+)  # fmt: skip
+#: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
+_NOT_FAILURES = {
+    "AirflowSkipException": "Airflow marks the task skipped",
+    "DownstreamTasksSkipped": "Airflow skips the downstream tasks",
+    "AirflowRescheduleException": "Airflow reschedules the task",
+    "TaskDeferred": "Airflow defers the task to a trigger",
+}
+_HELPER_DEPTH = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """One construct a task uses that the worker does not run the same, and why."""
+
+    construct: str
+    reason: str
+
+
+def callable_uses(fn: Callable[..., Any], *, passed: Collection[str]) -> list[Use]:
+    """What ``fn`` uses that the worker does not give it.
+
+    Args:
+        fn: the task's Python callable.
+        passed: the parameter names the task's own arguments fill (the worker passes these).
+    """
+    uses: list[Use] = []
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        uses.append(
+            Use(
+                "async def",
+                "an async callable: the worker calls it and never awaits the coroutine; make it "
+                "a plain def",
+            )
+        )
+    if inspect.isgeneratorfunction(fn):
+        uses.append(
+            Use(
+                "generator",
+                "a generator callable (yield): Airflow drains it (asset metadata events), the "
+                "worker would return the unstarted generator; return the value",
+            )
+        )
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            uses.append(
+                Use(
+                    f"**{param.name}",
+                    f"takes **{param.name}: Airflow passes the whole context into it, the worker "
+                    "only the task's own arguments; pass what it reads as arguments",
+                )
+            )
+        elif param.name in INJECTED and param.name not in passed:
+            uses.append(
+                Use(
+                    "context argument",
+                    f"takes the context argument {param.name!r}: Airflow injects it by name, the "
+                    "worker never does; pass the value as an argument (a fenced task reads "
+                    "fence.business_date)",
+                )
+            )
+        elif (
+            param.default is inspect.Parameter.empty
+            and param.kind is not inspect.Parameter.VAR_POSITIONAL
+            and param.name not in passed
+        ):
+            uses.append(
+                Use(
+                    "unfilled argument",
+                    f"its argument {param.name!r} is not passed by the task: Airflow fills it "
+                    "(the @asset decorator, the context), the worker cannot; pass it",
+                )
+            )
+    for where, node in _source_nodes(fn, set(), 0):
+        use = _node_use(node)
+        if use is not None:
+            suffix = f" (in {where})" if where != fn.__name__ else ""
+            uses.append(Use(use.construct, use.reason + suffix))
+    return _unique(uses)
+
+
+def _source_nodes(
+    fn: Callable[..., Any], seen: set[types.CodeType], depth: int
+) -> Iterator[tuple[str, ast.AST]]:
+    """The AST nodes of ``fn`` and of the same module's plain functions it calls by name."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or code in seen or depth > _HELPER_DEPTH:
+        return
+    seen.add(code)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return  # no source to read (a lambda on a continued line, a built-in): signature only
+    module_globals: Mapping[str, Any] = getattr(fn, "__globals__", {})
+    for node in ast.walk(tree):
+        yield fn.__name__, node
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            helper = module_globals.get(node.func.id)
+            if isinstance(helper, types.FunctionType) and helper.__module__ == getattr(
+                fn, "__module__", None
+            ):
+                yield from _source_nodes(helper, seen, depth + 1)
+
+
+def _node_use(node: ast.AST) -> Use | None:
+    if isinstance(node, ast.Raise) and node.exc is not None:
+        raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        name = _name(raised)
+        if name in _NOT_FAILURES:
+            return Use(
+                name,
+                f"raises {name}: {_NOT_FAILURES[name]}, the worker fails it (without retrying) "
+                "and the downstream tasks do not run; return early instead",
+            )
+        return None
+    if not isinstance(node, ast.Call):
+        return None
+    called = _name(node.func)
+    if called == "get_current_context":
+        return Use(
+            "get_current_context",
+            "calls get_current_context(): the worker sets no Airflow context, so it raises; "
+            "pass what it reads as arguments",
+        )
+    if called == "xcom_push":
+        key = _literal(node.args[0] if node.args else _keyword(node, "key"))
+        return Use(
+            "xcom_push",
+            f"pushes XCom key {key!r}: only return values cross tasks in the worker; return "
+            "the value (a dict for several) instead",
+        )
+    if called == "xcom_pull":
+        key = _literal(_keyword(node, "key"), RETURN_KEY)
+        if key != RETURN_KEY:
+            return Use(
+                "xcom_pull key",
+                f"pulls XCom key {key!r}: only return values cross tasks in the worker; take the "
+                "upstream's return value as an argument",
+            )
+        return Use(
+            "xcom_pull",
+            "pulls an XCom through ti: the worker gives a callable no ti; take the upstream "
+            "task's output as an argument (t(upstream()))",
+        )
+    return None
+
+
+def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
+    """What an operator's templated fields read that the worker's rendering does not give.
+
+    Args:
+        task: the operator (run by ``execute`` in the worker).
+        wired: the task ids whose return values the worker passes it (its ancestors).
+    """
+    try:
+        env = task.get_template_env()
+    except Exception:  # a task outside a DAG: Airflow's default environment
+        import jinja2
+
+        env = jinja2.Environment()
+    known = WORKER_CONTEXT | set(env.globals) | {"fence", "business_date"}
+    uses: list[Use] = []
+    for field in getattr(task, "template_fields", ()) or ():
+        uses += _xcom_arg_uses(field, getattr(task, field, None), 0)
+        for text in _strings(getattr(task, field, None), 0):
+            source = _template_source(task, env, text)
+            if source is None:
+                continue
+            tree = env.parse(source)
+            uses += _xcom_uses(task, tree, wired)
+            from jinja2 import meta, nodes
+
+            for name in sorted(meta.find_undeclared_variables(tree) - known):
+                uses.append(
+                    Use(
+                        "context variable",
+                        f"its {field} reads {{{{ {name} }}}}, which the worker's template context "
+                        "lacks",
+                    )
+                )
+            for got in tree.find_all(nodes.Getattr):
+                if got.attr == "conf" and isinstance(got.node, nodes.Name):
+                    if got.node.name == "dag_run":
+                        uses.append(
+                            Use(
+                                "dag_run.conf",
+                                f"its {field} reads dag_run.conf: Airflow gives the run's conf, "
+                                "the worker {'business_date': ...}; use params",
+                            )
+                        )
+    return _unique(uses)
+
+
+def _xcom_arg_uses(field: str, value: Any, depth: int) -> list[Use]:
+    """XComArgs in an operator's field (``env={"X": t.output}``) the worker cannot resolve."""
+    if depth > 5:
+        return []
+    if hasattr(value, "operator") and hasattr(value, "key"):
+        producer = value.operator
+        if value.key != RETURN_KEY:
+            return [
+                Use(
+                    "XCom key",
+                    f"its {field} takes XCom key {value.key!r} of {producer.task_id!r}: only "
+                    "return values cross tasks in the worker",
+                )
+            ]
+        if is_mapped(producer):
+            return [
+                Use(
+                    "mapped results",
+                    f"its {field} takes mapped task {producer.task_id!r}'s results: Airflow "
+                    "passes the list of its items' results, the worker a dict keyed by item",
+                )
+            ]
+        return []
+    items: list[Any] = []
+    if isinstance(value, Mapping):
+        items = list(value.values())
+    elif isinstance(value, list | tuple | set):
+        items = list(value)
+    return [use for item in items for use in _xcom_arg_uses(field, item, depth + 1)]
+
+
+def _template_source(task: Any, env: Any, text: str) -> str | None:
+    """The Jinja source of a templated value: the string, or the file it names."""
+    if text.strip().endswith(tuple(getattr(task, "template_ext", ()) or ())):
+        try:
+            return str(env.loader.get_source(env, text.strip())[0])
+        except Exception:
+            return None  # not found here: Airflow renders it as a plain string then
+    return text if ("{{" in text or "{%" in text) else None
+
+
+def _xcom_uses(task: Any, tree: Any, wired: Collection[str]) -> list[Use]:
+    from jinja2 import nodes
+
+    uses: list[Use] = []
+    for call in tree.find_all(nodes.Call):
+        attr = getattr(call.node, "attr", None)
+        if attr == "xcom_push":
+            uses.append(
+                Use(
+                    "xcom_push",
+                    "a template pushes an XCom: only return values cross tasks in the worker",
+                )
+            )
+        if attr != "xcom_pull":
+            continue
+        kwargs = {k.key: k.value for k in call.kwargs}
+        key_node = kwargs.get("key", call.args[2] if len(call.args) > 2 else None)
+        key = key_node.value if isinstance(key_node, nodes.Const) else RETURN_KEY
+        if key_node is not None and not isinstance(key_node, nodes.Const):
+            key = "<computed>"
+        if key != RETURN_KEY:
+            uses.append(
+                Use(
+                    "xcom_pull key",
+                    f"a template pulls XCom key {key!r}: only return values cross tasks in the "
+                    "worker",
+                )
+            )
+        if "dag_id" in kwargs or "run_id" in kwargs or "include_prior_dates" in kwargs:
+            uses.append(
+                Use(
+                    "xcom_pull other run",
+                    "a template pulls an XCom of another DAG or run: the worker carries XComs "
+                    "within one run",
+                )
+            )
+        ids_node = kwargs.get("task_ids", call.args[0] if call.args else None)
+        uses += _pulled_ids(task, ids_node, wired)
+    return uses
+
+
+def _pulled_ids(task: Any, ids_node: Any, wired: Collection[str]) -> list[Use]:
+    from jinja2 import nodes
+
+    if ids_node is None:
+        return []  # its own task's XCom
+    if isinstance(ids_node, nodes.Const) and isinstance(ids_node.value, str):
+        ids = [ids_node.value]
+    elif isinstance(ids_node, nodes.List | nodes.Tuple) and all(
+        isinstance(i, nodes.Const) for i in ids_node.items
+    ):
+        ids = [str(getattr(i, "value", "")) for i in ids_node.items]
+    else:
+        return [
+            Use(
+                "xcom_pull task_ids",
+                "a template pulls a computed task id: the inventory cannot check the worker "
+                "passes it; name the task",
+            )
+        ]
+    uses: list[Use] = []
+    dag_tasks: Mapping[str, Any] = getattr(getattr(task, "dag", None), "task_dict", {}) or {}
+    for task_id in ids:
+        if task_id != task.task_id and task_id not in wired:
+            uses.append(
+                Use(
+                    "xcom_pull task_ids",
+                    f"a template pulls {task_id!r}, which is not upstream of it: the worker "
+                    "passes only its upstream tasks' results; make it an upstream",
+                )
+            )
+        elif task_id in dag_tasks and is_mapped(dag_tasks[task_id]):
+            uses.append(
+                Use(
+                    "xcom_pull mapped",
+                    f"a template pulls mapped task {task_id!r}: Airflow returns the list of its "
+                    "items' results, the worker a dict keyed by item",
+                )
+            )
+    return uses
+
+
+def is_mapped(task: Any) -> bool:
+    """True for a mapped task or a task inside a mapped task group."""
+    if "MappedOperator" in {c.__name__ for c in type(task).__mro__}:
+        return True
+    closest = getattr(task, "get_closest_mapped_task_group", None)
+    return callable(closest) and closest() is not None
+
+
+def _strings(value: Any, depth: int) -> Iterator[str]:
+    if depth > 5:
+        return
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item, depth + 1)
+    elif isinstance(value, list | tuple | set):
+        for item in value:
+            yield from _strings(item, depth + 1)
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _keyword(node: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in node.keywords if k.arg == name), None)
+
+
+def _literal(node: ast.expr | None, default: str = "<computed>") -> str:
+    if node is None:
+        return default
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return "<computed>"
+
+
+def _unique(uses: list[Use]) -> list[Use]:
+    return list(dict.fromkeys(uses))

@@ -1,0 +1,128 @@
+"""What Airflow does around a task, or how it runs it, that the bridge worker does not do.
+
+The kinds of task the worker cannot run the same (sensors, deferrables, branching, cross-DAG
+operators, setup/teardown, other trigger rules), what Airflow runs around a task's code
+(pre/post-execute hooks, callbacks, depends_on_past) and callables Airflow runs somewhere other
+than in-process (``@task.bash``, ``@task.virtualenv``, ...). ``translate`` refuses them by name;
+``code_use`` reads what the code itself uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bridge.in_airflow.code_use import Use, is_mapped
+
+_CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
+_BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
+IN_PROCESS = {"PythonOperator", "ExactlyOnceOperator"}  # what the worker runs by calling it
+_CALLBACKS = (
+    "on_execute_callback",
+    "on_success_callback",
+    "on_failure_callback",
+    "on_retry_callback",
+    "on_skipped_callback",
+)
+
+
+class NotTranslatable(Exception):
+    """Why a task does not translate: one construct, or several ``uses``."""
+
+    def __init__(self, reason: str, construct: str = "", uses: Sequence[Use] = ()) -> None:
+        super().__init__(reason)
+        self.uses = tuple(uses) or (Use(construct, reason),)
+
+
+def class_names(task: Any) -> set[str]:
+    """The class names of a task's MRO, and of its operator class when it is mapped."""
+    names = {cls.__name__ for cls in type(task).__mro__}
+    operator_class = getattr(task, "operator_class", None)  # a mapped task's operator
+    if isinstance(operator_class, type):
+        names |= {cls.__name__ for cls in operator_class.__mro__}
+    return names
+
+
+def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
+    """Refuses a kind of task the worker does not run the same.
+
+    Raises:
+        NotTranslatable: with the construct and the reason.
+    """
+    names = class_names(task)
+    if "BaseSensorOperator" in names:
+        raise NotTranslatable(
+            "a sensor waits in Airflow's poke/reschedule loop; replace it with a polling "
+            "activity or a signal to the workflow",
+            "sensor",
+        )
+    if getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
+        raise NotTranslatable(
+            "deferrable: it waits on an Airflow trigger, which Temporal lacks", "deferrable"
+        )
+    if names & _BRANCHING:
+        raise NotTranslatable(
+            "branching/short-circuit decides what runs from Airflow's state", "branching"
+        )
+    if names & _CROSS_DAG:
+        raise NotTranslatable(
+            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)", "cross-DAG"
+        )
+    if getattr(task, "is_setup", False) or getattr(task, "is_teardown", False):
+        raise NotTranslatable(
+            "a setup/teardown task: the workflow has no setup/teardown scope", "setup/teardown"
+        )
+    rule = str(getattr(task, "trigger_rule", "all_success"))
+    if rule.rsplit(".", 1)[-1].lower() != "all_success":
+        raise NotTranslatable(
+            f"trigger rule {rule!r}: only all_success is translated", "trigger rule"
+        )
+    _refuse_semantics(task, partial)
+
+
+def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
+    """What Airflow does around a task's code that the worker does not do."""
+
+    def attr(name: str) -> Any:
+        value = getattr(task, name, None)
+        return partial.get(name) if value is None else value
+
+    if attr("_pre_execute_hook") or attr("_post_execute_hook"):
+        raise NotTranslatable(
+            "a pre/post-execute hook (@task.run_if, @task.skip_if, pre_execute=): Airflow runs "
+            "it around the task, the worker does not; decide inside the callable",
+            "run_if/skip_if/pre_execute",
+        )
+    hooked = next((c for c in _CALLBACKS if attr(c)), None)
+    if hooked is not None:
+        raise NotTranslatable(
+            f"{hooked}: Airflow calls it, the worker does not; alert from Temporal instead",
+            "callback",
+        )
+    if attr("depends_on_past") or attr("wait_for_downstream"):
+        raise NotTranslatable(
+            "depends_on_past/wait_for_downstream: Airflow waits on the previous run's task, "
+            "the workflow does not",
+            "depends_on_past",
+        )
+    if is_mapped(task) and "MappedOperator" not in class_names(task):
+        raise NotTranslatable(
+            "in a mapped task group: the bridge maps single tasks only; map a @task instead",
+            "mapped task group",
+        )
+
+
+def elsewhere(cls: str, names: set[str]) -> tuple[str, str]:  # reason, construct
+    """Why a callable that Airflow runs somewhere other than in-process is refused."""
+    if "BashOperator" in names:
+        return (
+            "@task.bash: Airflow runs the command the function returns, the worker would call "
+            "the function and never run bash; use BashOperator (its execute runs in the worker)",
+            "@task.bash",
+        )
+    return (
+        f"{cls} runs its callable in its own environment (a virtualenv, another interpreter, a "
+        "container, a pod, another language): the worker would call it in-process; refused "
+        "rather than rebuilt: use @task in the worker's environment, or keep it in Airflow",
+        cls,
+    )
