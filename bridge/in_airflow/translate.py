@@ -387,7 +387,7 @@ def _is_protected(task: Any) -> bool:
     mapped = (
         {c.__name__ for c in operator_class.__mro__} if isinstance(operator_class, type) else set()
     )
-    return "ExactlyOnceOperator" in _class_names(task) | mapped
+    return "ExactlyOnceOperator" in class_names(task) | mapped
 
 
 def _drivers_of(dag_id: str, dags: Iterable[Any]) -> list[tuple[Any, list[str] | None]]:
@@ -396,7 +396,7 @@ def _drivers_of(dag_id: str, dags: Iterable[Any]) -> list[tuple[Any, list[str] |
     found: list[tuple[Any, list[str] | None]] = []
     for driver in dags:
         for task in driver.tasks:
-            if "BridgeOperator" not in _class_names(task):
+            if "BridgeOperator" not in class_names(task):
                 continue
             source = getattr(task, "source_dag", None)
             source_id = (
@@ -448,7 +448,7 @@ def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
         free = SIDE_EFFECT_FREE_TAG in tags or f"{SIDE_EFFECT_FREE_TAG}:{task.task_id}" in tags
         try:
             specs.append(task_spec(task, side_effect_free=free, render=_passthrough))
-        except _NotTranslatable as exc:
+        except NotTranslatable as exc:
             refused.append(f"{task.task_id}: cannot run in Temporal ({exc})")
     return refused + shadow_refusals(DagSpec(dag.dag_id, tuple(specs)))
 
