@@ -76,9 +76,11 @@ def escape_map_key(name: object) -> str:
     """The map-key form of an item's name (a tenant id): injective, so two names never share a key.
 
     Percent-escapes only what a key part cannot hold or what would make two names alike: ``/``
-    (the key's separator), control characters, blanks at either end, and a ``%`` that already
-    reads as an escape (``%2F`` becomes ``%252F``). Every other name keys as itself, so keys
-    recorded for such names still match. Both engines key mapped items through this function.
+    (the key's separator), control characters, blanks at either end, a ``%`` that already
+    reads as an escape (``%2F`` becomes ``%252F``), and the ``#`` of a name ending in
+    ``#shadow`` (it would key as the shadow of the name without it). Every other name keys as
+    itself, so keys recorded for such names still match. Both engines key mapped items through
+    this function.
 
     >>> escape_map_key("acme/eu"), escape_map_key("acme_eu "), escape_map_key("tenant-42")
     ('acme%2Feu', 'acme_eu%20', 'tenant-42')
@@ -91,10 +93,12 @@ def escape_map_key(name: object) -> str:
         raise InvalidLeaseInput(f"a mapped item's name {text!r} must not be empty or blank")
     lead = len(text) - len(text.lstrip())
     trail = len(text.rstrip())
+    shadow_mark = len(text) - len(SHADOW_SUFFIX) if text.endswith(SHADOW_SUFFIX) else -1
     out: list[str] = []
     for i, ch in enumerate(text):
         if (
-            ch == "/"
+            i == shadow_mark
+            or ch == "/"
             or ord(ch) < 0x20
             or ord(ch) == 0x7F
             or i < lead

@@ -116,3 +116,19 @@ def test_the_same_tenant_in_another_run_is_handed_the_recorded_result(
         got.append(op.execute(context))
     assert got == [{"sent": "acme"}, {"sent": "acme"}]
     assert calls == ["acme"]
+
+
+def test_a_tenant_named_like_a_shadow_key_never_shares_a_key_with_the_shadow() -> None:
+    """A shadow's lease key is its primary's with ``#shadow`` appended: a tenant whose name
+    ends in ``#shadow`` must not key as the shadow of the tenant named without it (its run
+    would be handed the shadow's result and never charged, and the comparison would drop it)."""
+    from airflow_plugins.lease.keys import SHADOW_SUFFIX, escape_map_key, lease_key
+
+    day = "2024-02-15"
+    shadow_of_acme = lease_key("webhooks", "send", day, escape_map_key("acme")).shadow
+    named_like_it = str(lease_key("webhooks", "send", day, escape_map_key("acme#shadow")))
+    assert named_like_it != shadow_of_acme
+    assert not named_like_it.endswith(SHADOW_SUFFIX)
+    assert escape_map_key("acme#shadow") != escape_map_key("acme%23shadow")  # still injective
+    assert escape_map_key("acme#shadow-eu") == "acme#shadow-eu"  # only the suffix: keys as before
+    assert map_key_of("acme#shadow", None) == escape_map_key("acme#shadow")
