@@ -30,26 +30,28 @@ def captured(fence: BridgeFence) -> dict[str, Any]:
     }
 
 
-def encode(result: Any, capture: dict[str, Any], *, max_bytes: int) -> dict[str, Any]:
-    """The lease result that records ``result`` with ``capture``.
+def encode(result: Any, capture: dict[str, Any], *, max_bytes: int) -> Any:
+    """The lease result that records ``result`` with what the comparison compares of
+    ``capture``: its items and its would-be calls.
 
-    The captured rows are only shown beside the comparison, never compared, so when the record
-    would not fit the store's result limit they are left out (``rows_omitted``) rather than
-    failing a shadow that did its work.
-
-    Raises:
-        TypeError: ``result`` is not JSON (as for any lease result).
+    The captured rows are left out: they are shown beside the comparison, never compared, and
+    a lease result is kept (and audited) as it is, where sink rows do not belong. A record
+    that would still not fit the store's result limit is ``result`` alone (a retry then hands
+    the comparison no capture, as before this record existed) rather than failing a shadow
+    that did its work.
     """
-    record = {SHADOW_RECORD: 1, "result": result, "captured": capture}
-    if len(json.dumps(record)) <= max_bytes:
-        return record
-    slim = {k: v for k, v in capture.items() if k != "rows"} | {"rows_omitted": True}
-    return {SHADOW_RECORD: 1, "result": result, "captured": slim}
+    kept = {k: capture[k] for k in ("items", "calls") if k in capture}
+    record = {SHADOW_RECORD: 1, "result": result, "captured": kept | {"rows_omitted": True}}
+    try:
+        fits = len(json.dumps(record)) <= max_bytes
+    except (TypeError, ValueError):
+        return result  # not JSON: the store refuses it as it refuses any such result
+    return record if fits else result
 
 
 def decode(recorded: Any) -> tuple[Any, dict[str, Any]]:
-    """The result and the capture of a recorded shadow lease (an empty capture for a result
-    recorded without one)."""
+    """The result and the capture (items and calls) of a recorded shadow lease; an empty
+    capture for a result recorded without one."""
     if isinstance(recorded, dict) and recorded.get(SHADOW_RECORD) == 1:
         return recorded.get("result"), dict(recorded.get("captured") or {})
     return recorded, {}

@@ -86,19 +86,26 @@ def test_a_retried_shadow_hands_the_comparison_what_its_first_attempt_captured(
     # the retry does not run the body again, and reports what the shadow would have done
     assert retried.status == "recorded"
     assert retried.result == first.result == {"charged": 8}
-    assert retried.captured == first.captured
+    # what the comparison compares survives (the rows, only shown, are not kept)
+    assert retried.captured == {
+        "items": first.captured["items"],
+        "calls": first.captured["calls"],
+        "rows_omitted": True,
+    }
     assert _rows(sink_db) == 0  # a shadow leaves the sink as it was
 
 
-def test_a_shadow_record_too_large_for_the_store_keeps_its_items_and_calls() -> None:
-    """Rows are shown beside the comparison, never compared: a capture whose rows would not fit
-    the store's result limit is recorded without them rather than failing the shadow."""
+def test_a_shadow_record_keeps_what_is_compared_and_never_fails_for_its_size() -> None:
+    """The record keeps the items and calls (what the comparison compares), never the sink
+    rows (shown, not compared); one that would not fit the store's result limit is the plain
+    result, so the shadow is recorded as before rather than failed."""
     from bridge.worker.shadow_record import decode, encode
 
-    capture = {"items": ["a", "b"], "rows": {"public.charges": [{"n": "x" * 500}] * 50}}
+    capture: dict[str, Any] = {"items": ["a", "b"], "rows": {"public.charges": [{"n": 1}]}}
     capture["calls"] = [{"item": "b", "idempotency_key": "k", "params": {"amount": 1}}]
-    result, got = decode(encode({"charged": 2}, capture, max_bytes=2_000))
+    result, got = decode(encode({"charged": 2}, capture, max_bytes=1_000_000))
     assert result == {"charged": 2}
     assert got == {"items": ["a", "b"], "calls": capture["calls"], "rows_omitted": True}
-    assert decode(encode({"charged": 2}, capture, max_bytes=1_000_000)) == ({"charged": 2}, capture)
+    many = {"items": [f"c-{i}" for i in range(100)], "calls": capture["calls"] * 100}
+    assert decode(encode({"charged": 100}, many, max_bytes=2_000)) == ({"charged": 100}, {})
     assert decode({"charged": 2}) == ({"charged": 2}, {})  # recorded before this format
