@@ -37,8 +37,8 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -184,6 +184,22 @@ def checked_answer(answer: object) -> CallAnswer:
     return answer
 
 
+#: How often a thread waiting for another's step on the sink connection asks whether to stop.
+LOCK_POLL_S = 0.2
+
+
+@contextmanager
+def holding(lock: threading.RLock, check: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Holds ``lock``, calling ``check`` every ``LOCK_POLL_S`` while another thread has it, so
+    a holder told to stop (``check`` raises) stops waiting for that thread's sink step."""
+    while not lock.acquire(timeout=LOCK_POLL_S):
+        check()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class ExternalCalls:
     """One holder's external calls under one lease key.
 
@@ -282,13 +298,13 @@ class ExternalCalls:
         """
         out = self.outgoing(item, params)
         if self.shadow:
-            with self._db:
+            with holding(self._db):
                 self.would_send.append(
                     {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
                 )
             return CallResult(out.item, "shadow", None, {}, sent=False)
         self._check()
-        with self._db:
+        with holding(self._db, self._check):
             row = self._claim(out)
         if row["state"] != "intended":
             return _recorded(out.item, row)
@@ -307,7 +323,7 @@ class ExternalCalls:
         if answer is None:
             answer = self._send(out, send, lookup)
             sent = not isinstance(answer, _Found)
-        with self._db:
+        with holding(self._db):  # sent: its answer is recorded, whatever it is told meanwhile
             return self._record(out, answer, record, sent)
 
     def _fence_bounds(self) -> dict[str, str]:

@@ -33,6 +33,7 @@ from airflow_plugins.lease.external_call import (
     Record,
     Send,
     checked_answer,
+    holding,
 )
 from airflow_plugins.lease.sink_fence import DEFAULT_IDLE_TIMEOUT
 from airflow_plugins.lease.task_state import TaskState
@@ -242,7 +243,8 @@ class Fence:
             FenceStopped: the body was told to stop before the transaction began.
         """
         self.check()
-        with self.sink_lock:
+        with holding(self.sink_lock, self.check):
+            self.check()  # told to stop while another thread had the connection
             conn = self.connection()
             if self.lease is None:
                 with conn.transaction():
@@ -265,7 +267,7 @@ class Fence:
             StaleToken: a newer holder has already written (this one was superseded).
         """
         if self.lease is not None and self._sink_connect is not None:
-            with self.sink_lock:
+            with holding(self.sink_lock, self.check):
                 advance_fence(self.connection(), self.key, self.token)
 
     def done_items(self) -> list[str]:
@@ -277,7 +279,7 @@ class Fence:
         """
         if self.lease is None:
             return []
-        with self.sink_lock:
+        with holding(self.sink_lock, self.check):
             return done_items(self.connection(), self.key, self.generation)
 
     # a shadow's fence (the bridge's) records its external calls instead of sending them
@@ -304,19 +306,23 @@ class Fence:
     def external_calls(self) -> ExternalCalls:
         """This holder's external calls on the sink's ledger (``lease.external_call``); in
         shadow they are recorded (``would_send``), never sent."""
-        if self._calls is None:
-            self._calls = ExternalCalls(
-                self.connection,
-                self.key,
-                self.token,
-                idempotency_scope=self.primary_key,
-                shadow=self.shadow,
-                idle_timeout=self.idle_timeout,
-                check=self.check,
-                generation=self.generation,
-                lock=self.sink_lock,
-            )
+        with holding(self.sink_lock, self.check):  # one ExternalCalls for every thread
+            if self._calls is None:
+                self._calls = self._new_external_calls()
         return self._calls
+
+    def _new_external_calls(self) -> ExternalCalls:
+        return ExternalCalls(
+            self.connection,
+            self.key,
+            self.token,
+            idempotency_scope=self.primary_key,
+            shadow=self.shadow,
+            idle_timeout=self.idle_timeout,
+            check=self.check,
+            generation=self.generation,
+            lock=self.sink_lock,
+        )
 
     def external_call(
         self,

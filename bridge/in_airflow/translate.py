@@ -450,6 +450,8 @@ def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
             specs.append(task_spec(task, side_effect_free=free, render=_passthrough))
         except NotTranslatable as exc:
             refused.append(f"{task.task_id}: cannot run in Temporal ({exc})")
+        except Exception as exc:  # refused, never a traceback: it cannot be shown shadow-safe
+            refused.append(f"{task.task_id}: could not inspect: {type(exc).__name__}: {exc}")
     return refused + shadow_refusals(DagSpec(dag.dag_id, tuple(specs)))
 
 

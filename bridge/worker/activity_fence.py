@@ -19,6 +19,7 @@ from airflow_plugins.lease import (
     connect_sink,
     fenced_transaction,
 )
+from airflow_plugins.lease.external_call import holding
 from airflow_plugins.lease.fence import Fence, SinkConnect, SinkWrite
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from airflow_plugins.protection import config
@@ -101,7 +102,8 @@ class BridgeFence(Fence):
                 yield write
             return
         self.check()
-        with self.sink_lock:
+        with holding(self.sink_lock, self.check):
+            self.check()  # told to stop while another thread had the connection
             conn = self.connection()
             try:
                 with fenced_transaction(

@@ -501,3 +501,42 @@ def test_threads_sharing_one_fence_mix_transactions_and_external_calls(
             "SELECT customer FROM charges WHERE run_key = %s ORDER BY customer", (KEY,)
         ).fetchall()
     assert [r[0] for r in rows] == sorted(at_processor + in_rows)
+
+
+def test_a_thread_waiting_for_the_fences_connection_stops_when_the_fence_is_stopped(
+    store: LeaseStore, sink_db: str
+) -> None:
+    """One thread holds the fence's transaction open while another waits for the connection:
+    stopping the fence (a lost lease, a kill) ends the wait with ``FenceStopped`` at once,
+    instead of leaving it blocked behind a transaction that waits for it."""
+    from airflow_plugins.lease.fence import FenceStopped
+
+    lease = holder(store, "b")
+    fence = Fence(
+        key=KEY, token=lease.token, attempt=lease.attempt, business_date=DAY, lease=lease,
+        sink_connect=lambda: psycopg.connect(sink_db, autocommit=True),
+    )  # fmt: skip
+    waited: list[BaseException] = []
+    inside, done = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        inside.wait(10)
+        try:
+            fence.done_items()
+        except BaseException as exc:
+            waited.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        with fence.transaction() as tx:
+            tx.claim("cust-0001")
+            inside.set()
+            assert not done.wait(1.0)  # it waits for this transaction's connection
+            fence.stop("lease lost: test")
+            assert done.wait(5.0), "the waiting thread did not stop"
+        thread.join(10)
+        assert [type(e) for e in waited] == [FenceStopped]
+    finally:
+        fence.close()
