@@ -244,7 +244,6 @@ class Fence:
         """
         self.check()
         with holding(self.sink_lock, self.check):
-            self.check()  # told to stop while another thread had the connection
             conn = self.connection()
             if self.lease is None:
                 with conn.transaction():

@@ -103,7 +103,6 @@ class BridgeFence(Fence):
             return
         self.check()
         with holding(self.sink_lock, self.check):
-            self.check()  # told to stop while another thread had the connection
             conn = self.connection()
             try:
                 with fenced_transaction(
