@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -184,22 +183,6 @@ def checked_answer(answer: object) -> CallAnswer:
     return answer
 
 
-#: How often a thread waiting for another's step on the sink connection asks whether to stop.
-LOCK_POLL_S = 0.2
-
-
-@contextmanager
-def holding(lock: threading.RLock, check: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Holds ``lock``, calling ``check`` every ``LOCK_POLL_S`` while another thread has it, so
-    a holder told to stop (``check`` raises) stops waiting for that thread's sink step."""
-    while not lock.acquire(timeout=LOCK_POLL_S):
-        check()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 class ExternalCalls:
     """One holder's external calls under one lease key.
 
@@ -215,9 +198,6 @@ class ExternalCalls:
         check: called before each step; raises when the holder must stop.
         generation: the lease's re-run generation (``Lease.generation``): an approved re-run
             calls each item once more, with idempotency keys of its own.
-        lock: held around each step on the sink connection (a claim; an answer and its
-            commit), so threads can share this object and their sends run in parallel; pass
-            the lock of whatever else uses that connection (the ``Fence`` passes its own).
     """
 
     def __init__(
@@ -236,7 +216,6 @@ class ExternalCalls:
         sleep: Callable[[float], None] = time.sleep,
         generation: int = 0,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
-        lock: threading.RLock | None = None,
     ) -> None:
         self._connect = connect
         self.key = key
@@ -258,9 +237,6 @@ class ExternalCalls:
         # what fence_begin sets, for the fenced statements (a session idle inside the answer's
         # transaction is ended; the advance waits at most lock_timeout; the holder's mark)
         self._bounds: dict[str, str] | None = None
-        # one step at a time on the sink connection (a claim, an answer's commit): threads may
-        # share this object; their sends run outside it, in parallel
-        self._db = lock if lock is not None else threading.RLock()
 
     def outgoing(self, item: str, params: dict[str, Any]) -> OutgoingCall:
         """The request ``call`` would make for ``item``."""
@@ -298,14 +274,12 @@ class ExternalCalls:
         """
         out = self.outgoing(item, params)
         if self.shadow:
-            with holding(self._db):
-                self.would_send.append(
-                    {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
-                )
+            self.would_send.append(
+                {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
+            )
             return CallResult(out.item, "shadow", None, {}, sent=False)
         self._check()
-        with holding(self._db, self._check):
-            row = self._claim(out)
+        row = self._claim(out)
         if row["state"] != "intended":
             return _recorded(out.item, row)
         answer = None
@@ -323,8 +297,7 @@ class ExternalCalls:
         if answer is None:
             answer = self._send(out, send, lookup)
             sent = not isinstance(answer, _Found)
-        with holding(self._db):  # sent: its answer is recorded, whatever it is told meanwhile
-            return self._record(out, answer, record, sent)
+        return self._record(out, answer, record, sent)
 
     def _fence_bounds(self) -> dict[str, str]:
         """What fence_begin sets, for the fenced statements: the session is ended if it idles

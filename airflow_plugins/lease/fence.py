@@ -33,7 +33,6 @@ from airflow_plugins.lease.external_call import (
     Record,
     Send,
     checked_answer,
-    holding,
 )
 from airflow_plugins.lease.sink_fence import DEFAULT_IDLE_TIMEOUT
 from airflow_plugins.lease.task_state import TaskState
@@ -107,11 +106,6 @@ class Fence:
                     charged += 1
             return {"charged": charged}
 
-    Threads of one body may share its fence: its sink steps (a transaction, ``done_items``,
-    each step of an external call) take ``sink_lock`` in turn on its one sink connection,
-    while the external calls' sends run in parallel. Its transactions are serialized, not
-    concurrent: a thread that needs its own, concurrent, gives itself its own fence.
-
     Attributes:
         key: the lease key (business identity), e.g. ``billing_nightly/charge/2024-02-15``.
         token: the fencing token of this holder (0 when protection is off).
@@ -147,9 +141,6 @@ class Fence:
         self.stop_raised = False
         self._calls: ExternalCalls | None = None
         self._state: TaskState | None = None
-        # one user of the sink connection at a time: a transaction, a ledger read, an
-        # external call's step (re-entrant, so a call inside a transaction is refused clearly)
-        self.sink_lock = threading.RLock()
 
     @classmethod
     def unprotected(
@@ -243,21 +234,16 @@ class Fence:
             FenceStopped: the body was told to stop before the transaction began.
         """
         self.check()
-        with holding(self.sink_lock, self.check):
-            conn = self.connection()
-            if self.lease is None:
-                with conn.transaction():
-                    yield UnfencedWrite(conn, self.key)
-                return
-            write: FencedWrite
-            with fenced_transaction(
-                conn,
-                self.key,
-                self.token,
-                idle_timeout=self.idle_timeout,
-                generation=self.generation,
-            ) as write:
-                yield write
+        conn = self.connection()
+        if self.lease is None:
+            with conn.transaction():
+                yield UnfencedWrite(conn, self.key)
+            return
+        write: FencedWrite
+        with fenced_transaction(
+            conn, self.key, self.token, idle_timeout=self.idle_timeout, generation=self.generation
+        ) as write:
+            yield write
 
     def advance_sink_fence(self) -> None:
         """Raises the sink's fence to this token before any work (older holders are refused).
@@ -266,8 +252,7 @@ class Fence:
             StaleToken: a newer holder has already written (this one was superseded).
         """
         if self.lease is not None and self._sink_connect is not None:
-            with holding(self.sink_lock, self.check):
-                advance_fence(self.connection(), self.key, self.token)
+            advance_fence(self.connection(), self.key, self.token)
 
     def done_items(self) -> list[str]:
         """Every item done under this key at the sink, by any holder of the key, in item order.
@@ -278,8 +263,7 @@ class Fence:
         """
         if self.lease is None:
             return []
-        with holding(self.sink_lock, self.check):
-            return done_items(self.connection(), self.key, self.generation)
+        return done_items(self.connection(), self.key, self.generation)
 
     # a shadow's fence (the bridge's) records its external calls instead of sending them
     shadow = False
@@ -305,23 +289,18 @@ class Fence:
     def external_calls(self) -> ExternalCalls:
         """This holder's external calls on the sink's ledger (``lease.external_call``); in
         shadow they are recorded (``would_send``), never sent."""
-        with holding(self.sink_lock, self.check):  # one ExternalCalls for every thread
-            if self._calls is None:
-                self._calls = self._new_external_calls()
+        if self._calls is None:
+            self._calls = ExternalCalls(
+                self.connection,
+                self.key,
+                self.token,
+                idempotency_scope=self.primary_key,
+                shadow=self.shadow,
+                idle_timeout=self.idle_timeout,
+                check=self.check,
+                generation=self.generation,
+            )
         return self._calls
-
-    def _new_external_calls(self) -> ExternalCalls:
-        return ExternalCalls(
-            self.connection,
-            self.key,
-            self.token,
-            idempotency_scope=self.primary_key,
-            shadow=self.shadow,
-            idle_timeout=self.idle_timeout,
-            check=self.check,
-            generation=self.generation,
-            lock=self.sink_lock,
-        )
 
     def external_call(
         self,

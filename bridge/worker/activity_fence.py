@@ -19,7 +19,6 @@ from airflow_plugins.lease import (
     connect_sink,
     fenced_transaction,
 )
-from airflow_plugins.lease.external_call import holding
 from airflow_plugins.lease.fence import Fence, SinkConnect, SinkWrite
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from airflow_plugins.protection import config
@@ -102,21 +101,20 @@ class BridgeFence(Fence):
                 yield write
             return
         self.check()
-        with holding(self.sink_lock, self.check):
-            conn = self.connection()
-            try:
-                with fenced_transaction(
-                    conn,
-                    self.key,
-                    self.token,
-                    idle_timeout=self.idle_timeout,
-                    generation=self.generation,
-                ) as tx:
-                    yield tx
-                    self._capture(conn)
-                    raise _ShadowRollback
-            except _ShadowRollback:
-                pass
+        conn = self.connection()
+        try:
+            with fenced_transaction(
+                conn,
+                self.key,
+                self.token,
+                idle_timeout=self.idle_timeout,
+                generation=self.generation,
+            ) as tx:
+                yield tx
+                self._capture(conn)
+                raise _ShadowRollback
+        except _ShadowRollback:
+            pass
 
     def _capture(self, conn: psycopg.Connection[Any]) -> None:
         rows = conn.execute(query("sink_ledger_items"), {"keys": [self.key]}).fetchall()
