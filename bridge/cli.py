@@ -151,7 +151,7 @@ def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
     Raises:
         ModeChangeRefused: the DAG is not in the DAG folder, or has such tasks.
     """
-    from bridge.in_airflow.translate import shadow_refusals_of, shadow_route
+    from bridge.in_airflow.shadow_gate import shadow_refusals_of, shadow_route
 
     folder = args.dags_folder or config.dags_folder
     if not folder:

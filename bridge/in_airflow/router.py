@@ -20,16 +20,15 @@ from typing import Any
 from airflow_plugins.lease import InvalidLeaseInput
 from airflow_plugins.protection.routing import ProtectedRun, Route
 from bridge.config import BridgeConfig, TemporalUnavailable
-from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
+from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
-from bridge.in_airflow.translate import LANE_TAG, SIDE_EFFECT_FREE_TAG, task_spec
+from bridge.in_airflow.translate import dag_lane, declared_side_effect_free, task_spec
 from bridge.spec import DagSpec, RunMode, TaskKind
 
 log = logging.getLogger(__name__)
 _running_primary: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "bridge_running_primary", default=False
 )
-_migrated: set[str] = set()
 
 
 def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
@@ -39,8 +38,7 @@ def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
         InvalidLeaseInput: the task cannot run in Temporal (with the reason).
     """
     dag = context["dag"]
-    tags = set(getattr(dag, "tags", None) or ())
-    free = SIDE_EFFECT_FREE_TAG in tags or f"{SIDE_EFFECT_FREE_TAG}:{operator.task_id}" in tags
+    free = declared_side_effect_free(dag, operator.task_id)
     try:
         spec = task_spec(operator, side_effect_free=free)
     except Exception as exc:  # NotTranslatable, with the reason
@@ -50,8 +48,7 @@ def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
             f"{operator.task_id} cannot run in Temporal alone: its operator may pull upstream "
             "XComs, which only a whole-DAG handover (BridgeOperator) carries"
         )
-    lane = next((t.removeprefix(LANE_TAG) for t in tags if t.startswith(LANE_TAG)), "default")
-    return DagSpec(dag.dag_id, (dataclasses.replace(spec, upstream=()),), lane=lane)
+    return DagSpec(dag.dag_id, (dataclasses.replace(spec, upstream=()),), lane=dag_lane(dag))
 
 
 def _fail(message: str) -> BaseException:
@@ -168,12 +165,9 @@ class BridgeRouter:
             return Route(CutoverMode.SHADOW.value)
         from airflow_plugins.protection import config
 
-        store = config.lease_store()
-        dsn = config.lease_dsn()
-        if dsn not in _migrated:
-            migrate_bridge(dsn)
-            _migrated.add(dsn)
-        mode = ModeStore(store).fix_for_run(run.dag_id, run.run_id)
+        mode = mode_store(config.lease_store(), config.lease_dsn()).fix_for_run(
+            run.dag_id, run.run_id
+        )
         if mode is CutoverMode.AIRFLOW:
             return Route(mode.value)
         if mode is CutoverMode.SHADOW:

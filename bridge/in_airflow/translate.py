@@ -92,6 +92,19 @@ class UntranslatableDag(ValueError):
         super().__init__(translation.report())
 
 
+def dag_lane(dag: Any) -> str:
+    """The worker lane ``dag`` runs on (tag ``bridge-lane:<name>``; ``default`` without)."""
+    tags = getattr(dag, "tags", None) or ()
+    return next((t.removeprefix(LANE_TAG) for t in tags if t.startswith(LANE_TAG)), "default")
+
+
+def declared_side_effect_free(dag: Any, task_id: str) -> bool:
+    """True when ``dag`` declares task ``task_id`` free of effects outside a fence (tag
+    ``side-effect-free`` for every task, ``side-effect-free:<task_id>`` for one)."""
+    tags = set(getattr(dag, "tags", None) or ())
+    return SIDE_EFFECT_FREE_TAG in tags or f"{SIDE_EFFECT_FREE_TAG}:{task_id}" in tags
+
+
 def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> Translation:
     """Translates a parsed Airflow DAG.
 
@@ -100,21 +113,19 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
         render: renders one task's templated argument (the bridge operator passes Airflow's
             renderer at run time); without it, a templated argument is untranslatable.
     """
-    tags = set(getattr(dag, "tags", None) or ())
-    free_all = SIDE_EFFECT_FREE_TAG in tags
-    lane = next((t.removeprefix(LANE_TAG) for t in tags if t.startswith(LANE_TAG)), "default")
+    lane = dag_lane(dag)
     specs: list[TaskSpec] = []
     bad: list[Untranslatable] = []
     notes: list[str] = []
     for task in dag.tasks:
-        free = free_all or f"{SIDE_EFFECT_FREE_TAG}:{task.task_id}" in tags
+        free = declared_side_effect_free(dag, task.task_id)
         operator = type(task).__name__
         try:
             specs.append(task_spec(task, side_effect_free=free, render=render))
         except NotTranslatable as exc:
             bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
         except Exception as exc:  # the report must never crash on a DAG
-            bad.append(_uninspectable(task.task_id, operator, exc))
+            bad.append(uninspectable(task.task_id, operator, exc))
     emitting = sorted(t.task_id for t in dag.tasks if getattr(t, "outlets", None))
     if emitting:
         notes.append(
@@ -141,7 +152,7 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
 
 
-def _uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
+def uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
     reason = f"could not inspect: {type(exc).__name__}: {exc}".splitlines()[0][:300]
     return Untranslatable(task_id, operator, reason, "could not inspect")
 
@@ -376,85 +387,6 @@ def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
     return value
 
 
-def _passthrough(value: Any, _: Any) -> Any:
-    return value  # the check reads what a task is, not what its templates render to
-
-
-def _is_protected(task: Any) -> bool:
-    """An ``ExactlyOnceOperator`` / ``@exactly_once_task`` task (also mapped): what the
-    bridge's router hands to Temporal one task at a time."""
-    operator_class = getattr(task, "operator_class", None)
-    mapped = (
-        {c.__name__ for c in operator_class.__mro__} if isinstance(operator_class, type) else set()
-    )
-    return "ExactlyOnceOperator" in class_names(task) | mapped
-
-
-def _drivers_of(dag_id: str, dags: Iterable[Any]) -> list[tuple[Any, list[str] | None]]:
-    """The ``BridgeOperator`` tasks (in any DAG of ``dags``) whose graph is ``dag_id``, each
-    with the task ids it hands over (None: every task but itself)."""
-    found: list[tuple[Any, list[str] | None]] = []
-    for driver in dags:
-        for task in driver.tasks:
-            if "BridgeOperator" not in class_names(task):
-                continue
-            source = getattr(task, "source_dag", None)
-            source_id = (
-                source.dag_id if source is not None else getattr(task, "source_dag_id", None)
-            ) or driver.dag_id
-            if source_id == dag_id:
-                found.append((task, getattr(task, "task_ids", None)))
-    return found
-
-
-def shadow_route(dag: Any, dags: Iterable[Any] = ()) -> str:
-    """How Temporal gets ``dag``'s work: ``bridge-operator`` (a driver DAG among ``dags``
-    hands its graph over), ``protected`` (the router hands its protected tasks over one by
-    one), or ``none`` (nothing hands it over yet)."""
-    if _drivers_of(dag.dag_id, dags):
-        return "bridge-operator"
-    return "protected" if any(_is_protected(t) for t in dag.tasks) else "none"
-
-
-def shadow_tasks(dag: Any, dags: Iterable[Any] = ()) -> list[Any]:
-    """The tasks of ``dag`` that Temporal runs when the DAG is in ``shadow`` mode.
-
-    The graph of a ``BridgeOperator`` (found among ``dags``): the tasks the operator hands
-    over. Else a DAG with protected tasks: those (the router shadows them one by one; its
-    other tasks run in Airflow only). Else every task (a whole-DAG shadow).
-    """
-    drivers = _drivers_of(dag.dag_id, dags)
-    if drivers:
-        wanted: set[str] = set()
-        for driver, task_ids in drivers:
-            wanted |= set(task_ids) if task_ids is not None else set(dag.task_ids)
-            wanted.discard(driver.task_id)
-        return [t for t in dag.tasks if t.task_id in wanted]
-    protected = [t for t in dag.tasks if _is_protected(t)]
-    return protected or list(dag.tasks)
-
-
-def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
-    """Why ``dag`` may not go to ``shadow``: each task Temporal would run in shadow
-    (``shadow_tasks``) that has an effect outside a fence and is not declared side-effect-free
-    (tag ``side-effect-free`` or ``side-effect-free:<task_id>``), or cannot run in Temporal,
-    named with the reason. Empty: the shadow runs without effects."""
-    from bridge.graph import shadow_refusals
-
-    tags = set(getattr(dag, "tags", None) or ())
-    specs: list[TaskSpec] = []
-    refused: list[str] = []
-    for task in shadow_tasks(dag, dags):
-        free = SIDE_EFFECT_FREE_TAG in tags or f"{SIDE_EFFECT_FREE_TAG}:{task.task_id}" in tags
-        try:
-            specs.append(task_spec(task, side_effect_free=free, render=_passthrough))
-        except NotTranslatable as exc:
-            refused.append(f"{task.task_id}: cannot run in Temporal ({exc})")
-        except Exception as exc:  # refused, never a traceback: it cannot be shown shadow-safe
-            refused.append(f"{task.task_id}: could not inspect: {type(exc).__name__}: {exc}")
-    return refused + shadow_refusals(DagSpec(dag.dag_id, tuple(specs)))
-
-
 def inventory(dags: Iterable[Any]) -> list[Translation]:
     """Translates every DAG (the inventory a migration starts from). Never raises on a DAG: one
     that cannot be inspected is reported untranslatable with the exception."""
@@ -464,6 +396,6 @@ def inventory(dags: Iterable[Any]) -> list[Translation]:
             found.append(translate(dag))
         except Exception as exc:
             dag_id = str(getattr(dag, "dag_id", "?"))
-            bad = _uninspectable("(dag)", type(dag).__name__, exc)
+            bad = uninspectable("(dag)", type(dag).__name__, exc)
             found.append(Translation(dag_id, None, (bad,)))
     return found

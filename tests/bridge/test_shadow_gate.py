@@ -89,7 +89,7 @@ def _mode_set(dsn: str, folder: Path, dag_id: str, *extra: str) -> subprocess.Co
 def test_shadow_is_refused_naming_the_tasks_temporal_would_run_with_effects(
     dags_folder: Path,
 ) -> None:
-    from bridge.in_airflow.translate import shadow_refusals_of, shadow_route, shadow_tasks
+    from bridge.in_airflow.shadow_gate import shadow_refusals_of, shadow_route, shadow_tasks
     from bridge.worker.catalog import TaskCatalog
 
     catalog = TaskCatalog(str(dags_folder))

@@ -1,0 +1,94 @@
+"""Which tasks of a DAG Temporal runs in ``shadow``, and whether it may: the shadow gate.
+
+``bridge mode set DAG shadow`` refuses, naming them, the tasks Temporal would run in shadow that
+have an effect outside a fence and are not declared side-effect-free (a shadow must change
+nothing and reach nobody; its fenced writes are captured and rolled back, the rest would run
+for real).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from bridge.graph import shadow_refusals
+from bridge.in_airflow.refusals import NotTranslatable, class_names
+from bridge.in_airflow.translate import declared_side_effect_free, task_spec, uninspectable
+from bridge.spec import DagSpec, TaskSpec
+
+
+def _passthrough(value: Any, _: Any) -> Any:
+    return value  # the check reads what a task is, not what its templates render to
+
+
+def _is_protected(task: Any) -> bool:
+    """An ``ExactlyOnceOperator`` / ``@exactly_once_task`` task (also mapped): what the
+    bridge's router hands to Temporal one task at a time."""
+    operator_class = getattr(task, "operator_class", None)
+    mapped = (
+        {c.__name__ for c in operator_class.__mro__} if isinstance(operator_class, type) else set()
+    )
+    return "ExactlyOnceOperator" in class_names(task) | mapped
+
+
+def _drivers_of(dag_id: str, dags: Iterable[Any]) -> list[tuple[Any, list[str] | None]]:
+    """The ``BridgeOperator`` tasks (in any DAG of ``dags``) whose graph is ``dag_id``, each
+    with the task ids it hands over (None: every task but itself)."""
+    found: list[tuple[Any, list[str] | None]] = []
+    for driver in dags:
+        for task in driver.tasks:
+            if "BridgeOperator" not in class_names(task):
+                continue
+            source = getattr(task, "source_dag", None)
+            source_id = (
+                source.dag_id if source is not None else getattr(task, "source_dag_id", None)
+            ) or driver.dag_id
+            if source_id == dag_id:
+                found.append((task, getattr(task, "task_ids", None)))
+    return found
+
+
+def shadow_route(dag: Any, dags: Iterable[Any] = ()) -> str:
+    """How Temporal gets ``dag``'s work: ``bridge-operator`` (a driver DAG among ``dags``
+    hands its graph over), ``protected`` (the router hands its protected tasks over one by
+    one), or ``none`` (nothing hands it over yet)."""
+    if _drivers_of(dag.dag_id, dags):
+        return "bridge-operator"
+    return "protected" if any(_is_protected(t) for t in dag.tasks) else "none"
+
+
+def shadow_tasks(dag: Any, dags: Iterable[Any] = ()) -> list[Any]:
+    """The tasks of ``dag`` that Temporal runs when the DAG is in ``shadow`` mode.
+
+    The graph of a ``BridgeOperator`` (found among ``dags``): the tasks the operator hands
+    over. Else a DAG with protected tasks: those (the router shadows them one by one; its
+    other tasks run in Airflow only). Else every task (a whole-DAG shadow).
+    """
+    drivers = _drivers_of(dag.dag_id, dags)
+    if drivers:
+        wanted: set[str] = set()
+        for driver, task_ids in drivers:
+            wanted |= set(task_ids) if task_ids is not None else set(dag.task_ids)
+            wanted.discard(driver.task_id)
+        return [t for t in dag.tasks if t.task_id in wanted]
+    protected = [t for t in dag.tasks if _is_protected(t)]
+    return protected or list(dag.tasks)
+
+
+def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
+    """Why ``dag`` may not go to ``shadow``: each task Temporal would run in shadow
+    (``shadow_tasks``) that has an effect outside a fence and is not declared side-effect-free
+    (tag ``side-effect-free`` or ``side-effect-free:<task_id>``), or cannot run in Temporal,
+    named with the reason. Empty: the shadow runs without effects."""
+    specs: list[TaskSpec] = []
+    refused: list[str] = []
+    for task in shadow_tasks(dag, dags):
+        free = declared_side_effect_free(dag, task.task_id)
+        try:
+            specs.append(task_spec(task, side_effect_free=free, render=_passthrough))
+        except NotTranslatable as exc:
+            refused.append(f"{task.task_id}: cannot run in Temporal ({exc})")
+        except Exception as exc:  # refused, never a traceback: it cannot be shown shadow-safe
+            reason = uninspectable(task.task_id, type(task).__name__, exc).reason
+            refused.append(f"{task.task_id}: {reason}")
+    return refused + shadow_refusals(DagSpec(dag.dag_id, tuple(specs)))
