@@ -80,6 +80,18 @@ def migrate_bridge(conninfo: str) -> list[int]:
     return migrate(conninfo, BRIDGE_SCHEMA)
 
 
+_migrated: set[str] = set()
+
+
+def mode_store(store: LeaseStore, dsn: str) -> ModeStore:
+    """The mode store on ``store`` (at ``dsn``), its schema migrated once per process: what
+    Airflow's side (the router, the bridge operator) reads each run's mode from."""
+    if dsn not in _migrated:
+        migrate_bridge(dsn)
+        _migrated.add(dsn)
+    return ModeStore(store)
+
+
 def business_run_id(business_date: str) -> str:
     """The run id a business run's mode is fixed under (``FixedModeInput.run_id`` of a tick)."""
     return f"scheduled__{business_date}"

@@ -34,7 +34,7 @@ from airflow.sdk import BaseOperator
 from airflow_plugins.lease import InvalidLeaseInput
 from airflow_plugins.protection.task_identity import target_from_context
 from bridge.config import BridgeConfig, TemporalUnavailable
-from bridge.cutover import CutoverMode, ModeStore, migrate_bridge
+from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
 from bridge.in_airflow.router import result_of
 from bridge.in_airflow.translate import UntranslatableDag, translate
@@ -51,9 +51,8 @@ def fixed_mode(dag_id: str, business_date: str) -> CutoverMode:
     dsn = handoff.resolved_config().lease_dsn
     if not dsn:
         raise InvalidLeaseInput("no lease store: set BRIDGE_LEASE_DSN")
-    migrate_bridge(dsn)
     with LeaseStore(dsn) as store:
-        return ModeStore(store).fix_for_business_run(dag_id, business_date)
+        return mode_store(store, dsn).fix_for_business_run(dag_id, business_date)
 
 
 class BridgeOperator(BaseOperator):
