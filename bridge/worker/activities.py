@@ -150,11 +150,13 @@ class BridgeActivities:
                     return self._call(inp, fence)
             return self._call(inp, fence)
 
+        capture: dict[str, Any] = {}  # a shadow's, once its work returned
+
         def record(result: Any) -> Any:
             if not fence.shadow:
                 return result
             # kept with the shadow lease, so a retry that finds it succeeded compares the same
-            capture = shadow_record.captured(fence)
+            capture.update(shadow_record.captured(fence))
             return shadow_record.encode(result, capture, max_bytes=self.store.max_result_bytes)
 
         started = time.monotonic()
@@ -181,7 +183,7 @@ class BridgeActivities:
             result=result,
             token=lease.token,
             duration_ms=round((time.monotonic() - started) * 1000),
-            captured=shadow_record.captured(fence) if fence.shadow else {},
+            captured=capture,
         )
 
     def _call(self, inp: TaskInput, fence: BridgeFence) -> Any:
