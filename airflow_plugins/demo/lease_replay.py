@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 from psycopg import sql
@@ -167,7 +168,9 @@ def _databases(admin: str) -> Iterator[tuple[str, str]]:
                 )
 
 
-def _start_worker(name: str, fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> Any:
+def _start_worker(
+    name: str, fenced: bool, leases: str, sink: str, opts: argparse.Namespace
+) -> _Worker:
     argv = [
         sys.executable,
         "-m",
@@ -188,29 +191,34 @@ def _start_worker(name: str, fenced: bool, leases: str, sink: str, opts: argpars
     ]
     if fenced:
         argv.append("--fenced")
-    # its stderr (refusals, or what made it fail) is kept for _result
-    with _stderr_path(name).open("w") as errors:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
+    # its stderr (refusals, or what made it fail) goes to a file of its own, read by _result
+    errors = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
+    return _Worker(name, proc, errors)
 
 
-def _stderr_path(name: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"eo-lease-replay-{os.getpid()}-{name.split()[0]}.err"
+@dataclasses.dataclass
+class _Worker:
+    """One execution's process and its stderr."""
 
+    name: str
+    proc: subprocess.Popen[str]
+    errors: IO[str]
 
-def _result(proc: Any, out: str, name: str) -> dict[str, Any]:
-    """What a finished worker printed last (its JSON result).
+    def result(self, out: str) -> dict[str, Any]:
+        """What it printed last (its JSON result); closes its stderr.
 
-    Raises:
-        RuntimeError: it printed none (it failed), with the end of its stderr.
-    """
-    path = _stderr_path(name)
-    errors = path.read_text() if path.exists() else ""
-    path.unlink(missing_ok=True)
-    lines = out.strip().splitlines()
-    if proc.returncode == 0 and lines:
-        result: dict[str, Any] = json.loads(lines[-1])
-        return result
-    raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{errors[-2000:]}")
+        Raises:
+            RuntimeError: it printed none (it failed), with the end of its stderr.
+        """
+        self.errors.seek(0)
+        errors = self.errors.read()
+        self.errors.close()
+        lines = out.strip().splitlines()
+        if self.proc.returncode == 0 and lines:
+            result: dict[str, Any] = json.loads(lines[-1])
+            return result
+        raise RuntimeError(f"{self.name} failed (exit {self.proc.returncode}):\n{errors[-2000:]}")
 
 
 def _count(sink: str, query: str) -> int:
@@ -223,22 +231,21 @@ def _replay(fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> d
     with psycopg.connect(sink, autocommit=True) as conn:
         conn.execute("TRUNCATE charges")
         conn.execute("TRUNCATE runfence.fence, runfence.ledger")
-    names = ("execution-1 (evicted scheduler's task)", "execution-2 (standby's re-run)")
-    first = _start_worker(names[0], fenced, leases, sink, opts)
+    first = _start_worker("execution-1 (evicted scheduler's task)", fenced, leases, sink, opts)
     try:
         deadline = time.monotonic() + 120
         while _count(sink, "SELECT count(*) FROM charges") < opts.freeze_after:
-            if first.poll() is not None or time.monotonic() > deadline:
+            if first.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the first execution stopped before it could be frozen")
             time.sleep(0.02)
-        os.kill(first.pid, signal.SIGSTOP)
+        os.kill(first.proc.pid, signal.SIGSTOP)
         # the standby sees the run as unfinished once the lease has expired
         time.sleep(opts.ttl + 1.0)
-        second = _start_worker(names[1], fenced, leases, sink, opts)
-        second_out, _ = second.communicate(timeout=600)
+        second = _start_worker("execution-2 (standby's re-run)", fenced, leases, sink, opts)
+        second_out, _ = second.proc.communicate(timeout=600)
     finally:
-        os.kill(first.pid, signal.SIGCONT)
-    first_out, _ = first.communicate(timeout=600)
+        os.kill(first.proc.pid, signal.SIGCONT)
+    first_out, _ = first.proc.communicate(timeout=600)
     charges = _count(sink, "SELECT count(*) FROM charges")
     twice = _count(
         sink,
@@ -251,8 +258,8 @@ def _replay(fenced: bool, leases: str, sink: str, opts: argparse.Namespace) -> d
         "customers_charged": charged,
         "customers_charged_twice": twice,
         "customers_missed": opts.customers - charged,
-        "execution_1": _result(first, first_out, names[0]),
-        "execution_2": _result(second, second_out, names[1]),
+        "execution_1": first.result(first_out),
+        "execution_2": second.result(second_out),
     }
 
 
