@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +57,21 @@ async def _can_connect(address: str) -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Temporal dev server, started offline for the session (on-disk, WAL sqlite)."""
-    folder = tmp_path_factory.mktemp("temporal")
-    port = TEMPORAL_PORT
+@contextmanager
+def dev_server(
+    folder: Path, port: int, *, http_port: int, metrics_port: int, log_level: str = "warn"
+) -> Iterator[str]:
+    """A Temporal dev server on ``port``, offline, on a WAL sqlite file in ``folder`` (its log
+    beside it); yields its address once it answers, stops it on exit."""
     log = open(folder / "server.log", "w")
     proc = subprocess.Popen(
         [
             temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(port), "--http-port", str(port + 10), "--metrics-port", str(port + 20),
-            "--ui-port", str(port + 30), "--db-filename", str(folder / "temporal.db"),
+            "--port", str(port), "--http-port", str(http_port), "--metrics-port",
+            str(metrics_port), "--ui-port", str(port + 30),
+            "--db-filename", str(folder / "temporal.db"),
             "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-            "--log-level", "warn",
+            "--log-level", log_level,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -77,13 +79,13 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while not asyncio.run(_can_connect(address)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(
-                f"temporal dev server did not start: {(folder / 'server.log').read_text()}"
-            )
-        time.sleep(0.3)
     try:
+        while not asyncio.run(_can_connect(address)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"temporal dev server did not start: {(folder / 'server.log').read_text()}"
+                )
+            time.sleep(0.3)
         yield address
     finally:
         proc.terminate()
@@ -93,6 +95,15 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Temporal dev server, started offline for the session (on-disk, WAL sqlite)."""
+    port = TEMPORAL_PORT
+    folder = tmp_path_factory.mktemp("temporal")
+    with dev_server(folder, port, http_port=port + 10, metrics_port=port + 20) as address:
+        yield address
 
 
 @pytest.fixture

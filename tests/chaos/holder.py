@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import psycopg
 
 from airflow_plugins.lease import (
     Holder,
+    Lease,
     LeaseError,
     LeaseKeeper,
     LeaseStore,
@@ -114,12 +116,18 @@ def _set(cfg: Config, state: Any, value: int) -> None:
     state[cfg.slot * FIELDS] = value
 
 
-def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str) -> str:
+def _leased_key(
+    store: LeaseStore,
+    sink: Sink,
+    cfg: Config,
+    state: Any,
+    key: str,
+    items: Callable[[Lease, LeaseKeeper], None],
+) -> str:
+    """Works ``key`` under its lease until it is done: acquire (a held key is asked again),
+    ``items`` with the keeper running, complete; superseded or cut off, acquire again."""
     holder = Holder.process(cfg.name)
     end = time.monotonic() + cfg.key_deadline
-    # the fence's own calls and the commit: a black-holed route or a lost commit answer ends
-    # there (the fence's bound, as a task's), and the ledger decides on the retry
-    bound = 2 * cfg.ttl
     while time.monotonic() < end:
         try:
             got = store.acquire(key, holder)
@@ -132,40 +140,51 @@ def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str
             _set(cfg, state, LEASE)
             try:
                 with LeaseKeeper(store, lease) as keeper:
-                    n = 0
-                    while n < cfg.items:
-                        keeper.check()
-                        item = f"item-{n:03d}"
-                        conn = sink.connection()
-                        try:
-                            with fenced_transaction(
-                                conn,
-                                key,
-                                lease.token,
-                                idle_timeout=cfg.ttl * 2 / 3,
-                                lock_timeout=cfg.ttl,
-                                call_timeout=bound,
-                            ) as tx:
-                                _set(cfg, state, TX)
-                                if tx.claim(item):
-                                    conn.execute(WRITE, (key, item, lease.token, cfg.name))
-                                time.sleep(cfg.item_sleep)  # the item's work, inside it
-                        except psycopg.OperationalError:
-                            sink.drop()  # fate unknown: the ledger decides on the retry
-                            continue
-                        finally:
-                            _set(cfg, state, LEASE)
-                        n += 1
+                    items(lease, keeper)
                 store.complete(lease, {"items": cfg.items})
                 return "completed"
             finally:
                 _set(cfg, state, IDLE)
         except StaleToken:
-            time.sleep(0.05)  # superseded: the acquire tells what became of the key
+            time.sleep(0.05)  # superseded (at the sink or at the processor): ask again
         except (LeaseError, psycopg.Error):
             sink.drop()
             time.sleep(0.05)
     return "gave_up"
+
+
+def _fenced_key(store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str) -> str:
+    # the fence's own calls and the commit: a black-holed route or a lost commit answer ends
+    # there (the fence's bound, as a task's), and the ledger decides on the retry
+    bound = 2 * cfg.ttl
+
+    def items(lease: Lease, keeper: LeaseKeeper) -> None:
+        n = 0
+        while n < cfg.items:
+            keeper.check()
+            item = f"item-{n:03d}"
+            conn = sink.connection()
+            try:
+                with fenced_transaction(
+                    conn,
+                    key,
+                    lease.token,
+                    idle_timeout=cfg.ttl * 2 / 3,
+                    lock_timeout=cfg.ttl,
+                    call_timeout=bound,
+                ) as tx:
+                    _set(cfg, state, TX)
+                    if tx.claim(item):
+                        conn.execute(WRITE, (key, item, lease.token, cfg.name))
+                    time.sleep(cfg.item_sleep)  # the item's work, inside it
+            except psycopg.OperationalError:
+                sink.drop()  # fate unknown: the ledger decides on the retry
+                continue
+            finally:
+                _set(cfg, state, LEASE)
+            n += 1
+
+    return _leased_key(store, sink, cfg, state, key, items)
 
 
 def _plain_key(sink: Sink, cfg: Config, state: Any, key: str) -> str:
@@ -226,61 +245,41 @@ def _sender(cfg: Config, state: Any) -> Any:
 def _processor_key(
     store: LeaseStore, sink: Sink, cfg: Config, state: Any, key: str, send: Any
 ) -> str:
-    holder = Holder.process(cfg.name)
-    end = time.monotonic() + cfg.key_deadline
     bound = 2 * cfg.ttl
     retry = RetryPolicy(attempts=3, first_delay=0.05, max_delay=0.2)
-    while time.monotonic() < end:
-        try:
-            got = store.acquire(key, holder)
-            if got.outcome is Outcome.SUCCEEDED:
-                return "succeeded"
-            if not got.granted:
-                time.sleep(0.05)
-                continue
-            lease = got.lease
-            _set(cfg, state, LEASE)
+
+    def items(lease: Lease, keeper: LeaseKeeper) -> None:
+        calls = ExternalCalls(
+            sink.connection,
+            key,
+            lease.token,
+            idle_timeout=cfg.ttl * 2 / 3,
+            lock_timeout=cfg.ttl,
+            call_timeout=bound,
+            retry=retry,
+            check=keeper.check,
+        )
+
+        def record(tx: FencedWrite, result: CallResult) -> None:
+            tx.conn.execute(WRITE, (key, result.item, tx.token, cfg.name))
+
+        n = 0
+        while n < cfg.items:
+            keeper.check()
+            item = f"item-{n:03d}"
             try:
-                with LeaseKeeper(store, lease) as keeper:
-                    calls = ExternalCalls(
-                        sink.connection,
-                        key,
-                        lease.token,
-                        idle_timeout=cfg.ttl * 2 / 3,
-                        lock_timeout=cfg.ttl,
-                        call_timeout=bound,
-                        retry=retry,
-                        check=keeper.check,
-                    )
-
-                    def record(tx: FencedWrite, result: CallResult) -> None:
-                        tx.conn.execute(WRITE, (key, result.item, tx.token, cfg.name))
-
-                    n = 0
-                    while n < cfg.items:
-                        keeper.check()
-                        item = f"item-{n:03d}"
-                        try:
-                            calls.call(item, charge_params(key, item), send, record=record)
-                        except psycopg.OperationalError:
-                            sink.drop()  # fate unknown: the ledger decides on the retry
-                            continue
-                        except ProcessorUnavailable:
-                            time.sleep(0.05)  # the item stays intended: sent again, same key
-                            continue
-                        finally:
-                            _set(cfg, state, LEASE)
-                        n += 1
-                store.complete(lease, {"items": cfg.items})
-                return "completed"
+                calls.call(item, charge_params(key, item), send, record=record)
+            except psycopg.OperationalError:
+                sink.drop()  # fate unknown: the ledger decides on the retry
+                continue
+            except ProcessorUnavailable:
+                time.sleep(0.05)  # the item stays intended: sent again, same key
+                continue
             finally:
-                _set(cfg, state, IDLE)
-        except StaleToken:
-            time.sleep(0.05)  # superseded (at the sink or at the processor)
-        except (LeaseError, psycopg.Error):
-            sink.drop()
-            time.sleep(0.05)
-    return "gave_up"
+                _set(cfg, state, LEASE)
+            n += 1
+
+    return _leased_key(store, sink, cfg, state, key, items)
 
 
 def _plain_processor_key(sink: Sink, cfg: Config, state: Any, key: str, send: Any) -> str:
