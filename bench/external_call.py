@@ -18,7 +18,10 @@ the p50 the fence adds); then 8 calls in flight, in short slices taking turns (8
 with its own sink connection, lease key and SDK client, so no in-flight call waits for another's
 connection or fence row; throughput, and the fenced over the bare ratio; ``--one-key``: the 8
 share one lease, as one run's items in flight together, their connections still their own, so
-their fenced statements take the key's one fence row in turn). ``--latency-ms``
+their fenced statements take the key's one fence row in turn), and ``many``: one body's
+``ExternalCalls.call_many`` with 8 in flight on one lease, one connection and one client (the
+claims of the items waiting for a slot, and the records of the answers that came back
+together, one fenced statement each). ``--latency-ms``
 makes each charge take that long at the processor (a real one answers in hundreds of
 milliseconds); at 0 the processor answers at once and the run is bound by the cores it shares
 with the client and Postgres. The last line of stdout is one JSON object with the figures (and
@@ -118,6 +121,32 @@ def one_at_a_time(ways: Ways, items: int, offset: int) -> dict[str, list[float]]
     return took
 
 
+class Many:
+    """One body charging its items with ``call_many``, ``IN_FLIGHT`` at the processor at once."""
+
+    def __init__(self, url: str, store: LeaseStore, sink: str) -> None:
+        self.send = billing_charges.stripe_sender(billing_charges.stripe_client(url))
+        self.conn = psycopg.connect(sink, autocommit=True)
+        key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}-many"
+        lease = store.acquire(key, Holder.process("bench-many"), ttl=600).lease
+        self.calls = ExternalCalls(lambda: self.conn, lease.key, lease.token)
+        self.prefix = uuid.uuid4().hex[:8]
+
+    def run(self, items: int, offset: int) -> tuple[int, float]:
+        """Calls made and seconds taken for ``items`` new items."""
+        batch = [f"{self.prefix}-many-{offset + i}" for i in range(items)]
+        start = time.perf_counter()
+        self.calls.call_many(
+            [(item, billing_charges.charge_params(DAY, item)) for item in batch],
+            self.send,
+            in_flight=IN_FLIGHT,
+        )
+        return items, time.perf_counter() - start
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def in_flight(workers: list[Ways], name: str, items: int, offset: int) -> tuple[int, float]:
     """Calls made and seconds taken with one call in flight per worker (items numbered from
     ``offset``, new ones each time: a fenced item answered before would not be sent again)."""
@@ -150,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lease_dsn = create_database(args.dsn, "eo_bench_leases")
     sink_dsn = create_database(args.dsn, "eo_bench_sink")
     workers: list[Ways] = []
+    many: Many | None = None
     try:
         migrate(lease_dsn, LEASE_STORE)
         migrate(sink_dsn, SINK_FENCE)
@@ -161,17 +191,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 key = f"bench_billing/charge/{DAY}-{uuid.uuid4().hex[:8]}"
                 shared = store.acquire(key, Holder.process("bench"), ttl=600).lease
             workers = [Ways(url, store, sink_dsn, n, shared) for n in range(IN_FLIGHT)]
+            many = Many(url, store, sink_dsn)
             load = os.getloadavg()[0]
             result: dict[str, Any] = {
                 "processor_latency_ms": args.latency_ms,
                 "one_key": args.one_key,
             }
-            result.update(_measure(workers, args.items, args.rounds))
+            result.update(_measure(workers, many, args.items, args.rounds))
             # the machine's 1-minute load average before and after: other work on its cores
             result["load_average"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     finally:
         for w in workers:
             w.close()
+        if many is not None:
+            many.close()
         processor.stop()
         drop_database(args.dsn, lease_dsn)
         drop_database(args.dsn, sink_dsn)
@@ -179,15 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
+def _measure(workers: list[Ways], many: Many, items: int, rounds: int) -> dict[str, Any]:
     first = workers[0]
     for w in workers:  # warm every worker's both ways up (connections, caches)
         for i in range(3):
             w.bare(-1 - i)
             w.fenced(-1 - i)
+    many.run(IN_FLIGHT, -1000)
     lat: dict[str, list[float]] = {"bare": [], "fenced": [], "commit": []}
-    made: dict[str, int] = {"bare": 0, "fenced": 0}
-    took: dict[str, float] = {"bare": 0.0, "fenced": 0.0}
+    made: dict[str, int] = {"bare": 0, "fenced": 0, "many": 0}
+    took: dict[str, float] = {"bare": 0.0, "fenced": 0.0, "many": 0.0}
+    turns = (("bare", "fenced", "many"), ("many", "fenced", "bare"))
     per_round = max(1, items // rounds)
     slice_items = max(IN_FLIGHT, per_round * 2 // SLICES)
     for r in range(rounds):
@@ -196,8 +231,12 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
             lat[name] += got
         # in short slices, the ways in turn: the machine's load changes over a run
         for s in range(SLICES):
-            for name in ("bare", "fenced") if (r + s) % 2 == 0 else ("fenced", "bare"):
-                calls, seconds = in_flight(workers, name, slice_items, offset + 50_000 + s * 5000)
+            for name in turns[(r + s) % 2]:
+                at = offset + 50_000 + s * 5000
+                if name == "many":
+                    calls, seconds = many.run(slice_items, at)
+                else:
+                    calls, seconds = in_flight(workers, name, slice_items, at)
                 made[name] += calls
                 took[name] += seconds
         print(f"round {r + 1}: done", file=sys.stderr)
@@ -215,13 +254,15 @@ def _measure(workers: list[Ways], items: int, rounds: int) -> dict[str, Any]:
         "in_flight": IN_FLIGHT,
         "calls_per_s": {n: round(v, 1) for n, v in throughput.items()},
         "throughput_ratio": round(throughput["fenced"] / throughput["bare"], 3),
+        "call_many_ratio": round(throughput["many"] / throughput["bare"], 3),
     }
     print(
         f"p50 per call: bare {p50['bare']:.2f} ms, fenced {p50['fenced']:.2f} ms "
         f"(+{result['p50_added_ms']} ms; one durable commit {commit:.2f} ms); at {IN_FLIGHT} "
         "in flight: bare "
-        f"{throughput['bare']:.0f}/s, fenced {throughput['fenced']:.0f}/s, "
-        f"ratio {result['throughput_ratio']}"
+        f"{throughput['bare']:.0f}/s, fenced {throughput['fenced']:.0f}/s "
+        f"(ratio {result['throughput_ratio']}), call_many {throughput['many']:.0f}/s "
+        f"(ratio {result['call_many_ratio']})"
     )
     return result
 

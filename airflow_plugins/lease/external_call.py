@@ -33,10 +33,13 @@ kept in ``would_send`` for the comparison with the primary's.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from typing import Any, Literal, TypeVar
 
@@ -63,6 +66,8 @@ from airflow_plugins.lease.sink_fence import (
 # Stripe prunes idempotency keys once they are 24 h old; an item intended longer ago than this
 # is not re-sent blindly (the processor may have forgotten the key): it needs a lookup.
 DEFAULT_REPLAY_WINDOW_S = 23 * 3600.0
+# how many of call_many's calls are at the processor at once, by default
+DEFAULT_IN_FLIGHT = 8
 
 _T = TypeVar("_T")
 
@@ -272,32 +277,146 @@ class ExternalCalls:
             MalformedAnswer: the processor's answer was not one; the item stays intended.
             NeedsReconciliation: see the class.
         """
-        out = self.outgoing(item, params)
+        return self.call_many([(item, params)], send, lookup=lookup, record=record, in_flight=1)[0]
+
+    def call_many(
+        self,
+        calls: Iterable[tuple[str, dict[str, Any]]],
+        send: Send,
+        *,
+        lookup: Lookup | None = None,
+        record: Record | None = None,
+        in_flight: int = DEFAULT_IN_FLIGHT,
+    ) -> list[CallResult]:
+        """Makes each ``(item, params)`` call once for the key, up to ``in_flight`` at a time.
+
+        Each item is claimed, sent and recorded as ``call`` does it, but the items waiting for
+        a free slot are claimed together (one fenced statement) and the answers that arrived
+        together are recorded together (one fenced statement, and ``record`` for each in the
+        same transaction): a fenced step's commit is shared by the items of its batch, so the
+        fence adds a fraction of two commits per item. ``send`` (and ``lookup``) run on up to
+        ``in_flight`` threads at once and must be thread-safe (the stripe SDK's client is);
+        the sink connection is used by the calling thread only. The next ``in_flight`` items
+        are claimed while the claimed ones are at the processor. Results are in the order of
+        ``calls``. When an item's call fails, no further item is sent; the calls in flight are
+        finished and their answers recorded; then the first error is raised (the items not
+        reached stay as they were, an intended one is sent again with its key later).
+
+        Raises:
+            InvalidLeaseInput: an item listed twice, or ``in_flight`` < 1.
+            StaleToken, ProcessorUnavailable, MalformedAnswer, NeedsReconciliation: as ``call``.
+        """
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise InvalidLeaseInput(f"in_flight is an integer >= 1, not {in_flight!r}")
+        outs = [self.outgoing(item, params) for item, params in calls]
+        if len({out.item for out in outs}) != len(outs):
+            raise InvalidLeaseInput(f"{self.key}: an item is listed twice in one call_many")
         if self.shadow:
-            self.would_send.append(
-                {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
-            )
-            return CallResult(out.item, "shadow", None, {}, sent=False)
+            for out in outs:
+                self.would_send.append(
+                    {"item": out.item, "idempotency_key": out.idempotency_key, "params": out.params}
+                )
+            return [CallResult(out.item, "shadow", None, {}, sent=False) for out in outs]
+        results: dict[str, CallResult] = {}
+        if in_flight == 1:  # today's thread only: claim, send, record, item by item
+            for out in outs:
+                self._check()
+                row = self._claim([out])[0]
+                if row["state"] != "intended":
+                    results[out.item] = _recorded(out.item, row)
+                    continue
+                answer, sent = self._resolve(out, row, send, lookup, threading.Event())
+                results.update(self._record([(out, answer, sent)], record))
+        else:
+            self._in_flight(outs, send, lookup, record, in_flight, results)
+        return [results[out.item] for out in outs]
+
+    def _in_flight(
+        self,
+        outs: list[OutgoingCall],
+        send: Send,
+        lookup: Lookup | None,
+        record: Record | None,
+        in_flight: int,
+        results: dict[str, CallResult],
+    ) -> None:
+        """``call_many``'s window: the next items claimed while the claimed ones are sent (one
+        batch ahead), the answers recorded as they come back (those that came together, in
+        one statement)."""
+        waiting = collections.deque(outs)
+        ready: collections.deque[tuple[OutgoingCall, dict[str, Any]]] = collections.deque()
+        running: dict[Future[tuple[CallAnswer, bool]], OutgoingCall] = {}
+        failure: BaseException | None = None
+        abandoned = threading.Event()  # the holder stopped: the retries in flight end
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="external-call") as pool:
+            try:
+                while running or ((waiting or ready) and failure is None):
+                    if failure is None:
+                        if waiting and len(ready) < in_flight:
+                            ready.extend(self._claim_ahead(waiting, in_flight, results))
+                        while ready and len(running) < in_flight:
+                            out, row = ready.popleft()
+                            job = pool.submit(self._resolve, out, row, send, lookup, abandoned)
+                            running[job] = out
+                    if not running:
+                        continue
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    answered: list[tuple[OutgoingCall, CallAnswer, bool]] = []
+                    for job in finished:
+                        out = running.pop(job)
+                        try:
+                            answer, sent = job.result()
+                        except BaseException as exc:  # the first one is raised, after the rest
+                            failure = failure or exc
+                            continue
+                        answered.append((out, answer, sent))
+                    if answered:
+                        results.update(self._record(answered, record))
+            except BaseException:
+                abandoned.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        if failure is not None:
+            raise failure
+
+    def _claim_ahead(
+        self, waiting: collections.deque[OutgoingCall], count: int, results: dict[str, CallResult]
+    ) -> list[tuple[OutgoingCall, dict[str, Any]]]:
+        """Claims the next ``count`` waiting items: those to send, with their rows (the ones
+        answered before go to ``results``)."""
         self._check()
-        row = self._claim(out)
-        if row["state"] != "intended":
-            return _recorded(out.item, row)
-        answer = None
-        if row["sends"] > 1:  # an earlier holder (or try) may have reached the processor
+        batch = [waiting.popleft() for _ in range(min(count, len(waiting)))]
+        claimed = []
+        for out, row in zip(batch, self._claim(batch), strict=True):
+            if row["state"] != "intended":
+                results[out.item] = _recorded(out.item, row)
+            else:
+                claimed.append((out, row))
+        return claimed
+
+    def _resolve(
+        self,
+        out: OutgoingCall,
+        row: dict[str, Any],
+        send: Send,
+        lookup: Lookup | None,
+        abandoned: threading.Event,
+    ) -> tuple[CallAnswer, bool]:
+        """A claimed item's answer and whether it was sent now: looked up first when an
+        earlier holder (or try) may have reached the processor, else sent."""
+        if row["sends"] > 1:
             if lookup is not None:
-                answer = lookup(out)
-                answer = None if answer is None else checked_answer(answer)
+                found = lookup(out)
+                if found is not None:
+                    return checked_answer(found), False
             elif float(row["age_s"]) > self.replay_window_s:
                 raise NeedsReconciliation(
                     f"{self.key}: {out.item!r} was intended {float(row['age_s']) / 3600:.1f} h "
                     "ago, longer than the processor keeps idempotency keys; check the processor "
                     "for it before running again"
                 )
-        sent = answer is None
-        if answer is None:
-            answer = self._send(out, send, lookup)
-            sent = not isinstance(answer, _Found)
-        return self._record(out, answer, record, sent)
+        answer = self._send(out, send, lookup, abandoned)
+        return answer, not isinstance(answer, _Found)
 
     def _fence_bounds(self) -> dict[str, str]:
         """What fence_begin sets, for the fenced statements: the session is ended if it idles
@@ -322,37 +441,49 @@ class ExternalCalls:
             "mark": holder_mark(self.key, token),
         }
 
-    def _claim(self, out: OutgoingCall) -> dict[str, Any]:
+    def _claim(self, outs: list[OutgoingCall]) -> list[dict[str, Any]]:
+        """Claims ``outs`` as intended in one fenced statement: each item's row, in order."""
         if self._bounds is None:
             self._bounds = self._fence_bounds()
         args = {
             **self._bounds,
             "key": self.key,
             "generation": self.generation,
-            "item": out.item,
-            "idempotency_key": out.idempotency_key,
-            "request": Jsonb(out.params),
+            "items": [out.item for out in outs],
+            "idempotency_keys": [out.idempotency_key for out in outs],
+            "requests": [Jsonb(out.params) for out in outs],
             "token": self.token,
         }
         conn = self._connection()
-        # the token check and the claim: one statement, one transaction (one round trip)
-        row = self._fenced(conn, lambda: self._one(conn, "external_call_claim", args))
-        if row["state"] is None:  # answered already: nothing to send
-            with conn.cursor(row_factory=dict_row) as cur:
-                got = cur.execute(query("external_call_get"), args).fetchone()
-            assert got is not None
-            row = got
-        if row["state"] == "intended" and not row["same_request"]:
-            raise InvalidLeaseInput(
-                f"{self.key}: {out.item!r} was intended with other parameters than this call's; "
-                "an item's request must not change between holders (its idempotency key would "
-                "be refused)"
-            )
+        # the token check and the claims: one statement, one transaction (one round trip)
+        rows = self._fenced(conn, lambda: self._rows(conn, "external_call_claim", args))
+        claimed: list[dict[str, Any]] = []
+        for out, row in zip(outs, rows, strict=True):
+            if row["state"] is None:  # answered already: nothing to send
+                row = self._get(conn, out.item)
+            elif row["state"] == "intended" and not row["same_request"]:
+                raise InvalidLeaseInput(
+                    f"{self.key}: {out.item!r} was intended with other parameters than this "
+                    "call's; an item's request must not change between holders (its "
+                    "idempotency key would be refused)"
+                )
+            claimed.append(row)
+        return claimed
+
+    def _get(self, conn: psycopg.Connection[Any], item: str) -> dict[str, Any]:
+        args = {"key": self.key, "generation": self.generation, "item": item}
+        with conn.cursor(row_factory=dict_row) as cur:
+            row: dict[str, Any] | None = cur.execute(query("external_call_get"), args).fetchone()
+        assert row is not None
         return row
 
-    def _send(self, out: OutgoingCall, send: Send, lookup: Lookup | None) -> CallAnswer:
+    def _send(
+        self, out: OutgoingCall, send: Send, lookup: Lookup | None, abandoned: threading.Event
+    ) -> CallAnswer:
         for attempt in range(self.retry.attempts):
             self._check()
+            if abandoned.is_set():
+                raise ProcessorUnavailable(f"{self.key}: {out.item!r} not sent: the holder stopped")
             if attempt > 0 and lookup is not None:
                 # the failed send may have been made: a processor that does not replay by key
                 # is asked before the item is sent again
@@ -369,45 +500,54 @@ class ExternalCalls:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _record(
-        self, out: OutgoingCall, answer: CallAnswer, record: Record | None, sent: bool
-    ) -> CallResult:
-        result = CallResult(out.item, answer.state, answer.reference, dict(answer.detail), sent)
+        self,
+        answered: list[tuple[OutgoingCall, CallAnswer, bool]],
+        record: Record | None,
+    ) -> dict[str, CallResult]:
+        """Records the answers in one fenced statement (with ``record``'s writes for each, in
+        the same transaction): each item's result."""
+        results = {
+            out.item: CallResult(out.item, a.state, a.reference, dict(a.detail), sent)
+            for out, a, sent in answered
+        }
         assert self._bounds is not None  # set by the claim
         args = {
             **self._bounds,
             "key": self.key,
             "generation": self.generation,
-            "item": out.item,
-            "state": answer.state,
-            "reference": answer.reference,
-            "answer": Jsonb(answer.detail),
+            "items": [out.item for out, _, _ in answered],
+            "states": [a.state for _, a, _ in answered],
+            "references": [a.reference for _, a, _ in answered],
+            "answers": [Jsonb(a.detail) for _, a, _ in answered],
             "token": self.token,
         }
         conn = self._connection()
 
-        def answered() -> bool:
+        def recorded() -> set[str]:
             if record is None:
                 # alone: one statement, its own transaction (one round trip)
-                return bool(self._one(conn, "external_call_answer", args)["answered"])
+                return set(self._rows(conn, "external_call_answer", args)[0]["answered"])
             with ExitStack() as ending, conn.transaction():
-                # the fence, the answer and the ledger row first, then the caller's writes,
+                # the fence, the answers and the ledger rows first, then the caller's writes,
                 # all in one commit (bounded, as the statements are)
-                if not self._one(conn, "external_call_answer", args)["answered"]:
-                    return False
-                record(
-                    FencedWrite(conn, self.key, self.token, self.generation, self.call_timeout),
-                    result,
-                )
+                done = set(self._rows(conn, "external_call_answer", args)[0]["answered"])
+                for item, result in results.items():
+                    if item in done:
+                        record(
+                            FencedWrite(
+                                conn, self.key, self.token, self.generation, self.call_timeout
+                            ),
+                            result,
+                        )
                 ending.enter_context(WATCHDOG.bound(conn, self.call_timeout))
-            return True
+            return done
 
-        if not self._fenced(conn, answered):
-            # recorded meanwhile (cannot happen under the fence; be exact)
-            with conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(query("external_call_get"), args).fetchone()
-            assert row is not None
-            return _recorded(out.item, row)
-        return result
+        done = self._fenced(conn, recorded)
+        for item in (
+            results.keys() - done
+        ):  # recorded meanwhile (cannot happen under the fence; be exact)
+            results[item] = _recorded(item, self._get(conn, item))
+        return results
 
     def _connection(self) -> psycopg.Connection[Any]:
         conn = self._connect()
@@ -419,22 +559,22 @@ class ExternalCalls:
             raise InvalidLeaseInput("an external call needs a connection with no open transaction")
         return conn
 
-    def _one(
+    def _rows(
         self, conn: psycopg.Connection[Any], name: str, args: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The one row of a fenced statement; StaleToken when the fence refused the token."""
+    ) -> list[dict[str, Any]]:
+        """The rows of a fenced statement; StaleToken when the fence refused the token."""
         try:
             with (
                 WATCHDOG.bound(conn, self.lock_timeout + self.call_timeout),
                 conn.cursor(row_factory=dict_row) as cur,
             ):
-                row: dict[str, Any] | None = cur.execute(query(name), args).fetchone()
+                rows: list[dict[str, Any]] = cur.execute(query(name), args).fetchall()
         except psycopg.errors.LockNotAvailable as exc:
             raise _FenceLocked from exc
-        assert row is not None
-        if not row["fenced"]:
+        assert rows
+        if not rows[0]["fenced"]:
             raise StaleToken(self.key, self.token, fence_token(conn, self.key))
-        return row
+        return rows
 
     def _fenced(self, conn: psycopg.Connection[Any], run: Callable[[], _T]) -> _T:
         """``run`` (one fenced statement, or a transaction starting with one); when the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import psycopg
@@ -26,6 +27,7 @@ from airflow_plugins.lease import (
     idempotency_key,
 )
 from airflow_plugins.lease.external_call import (
+    DEFAULT_IN_FLIGHT,
     CallResult,
     ExternalCalls,
     Lookup,
@@ -333,6 +335,48 @@ class Fence:
             with self.transaction() as tx:
                 record(tx, result)  # type: ignore[arg-type]
         return result
+
+    def external_call_many(
+        self,
+        calls: Iterable[tuple[str, dict[str, Any]]],
+        send: Send,
+        *,
+        lookup: Lookup | None = None,
+        record: Record | None = None,
+        in_flight: int = DEFAULT_IN_FLIGHT,
+    ) -> list[CallResult]:
+        """Makes each ``(item, params)`` call once for the key, ``in_flight`` at a time.
+
+        What ``external_call`` does per item, with up to ``in_flight`` requests at the
+        processor at once (``send`` must be thread-safe) and the claims and records of items
+        that wait or answer together sharing one fenced commit. Results in the order given.
+        On a failure no further item is claimed, those in flight are finished and recorded,
+        and the first error is raised (see ``ExternalCalls.call_many``).
+        Protection off: the plain calls, ``in_flight`` at a time, no key, no ledger.
+        """
+        if self.lease is not None:
+            return self.external_calls().call_many(
+                calls, send, lookup=lookup, record=record, in_flight=in_flight
+            )
+        pairs = list(calls)
+        with ThreadPoolExecutor(max(1, in_flight)) as pool:
+            answers = list(
+                pool.map(
+                    lambda pair: checked_answer(
+                        send(OutgoingCall(self.key, pair[0], 0, None, dict(pair[1])))
+                    ),
+                    pairs,
+                )
+            )
+        results = [
+            CallResult(item, a.state, a.reference, dict(a.detail), True)
+            for (item, _), a in zip(pairs, answers, strict=True)
+        ]
+        if record is not None:
+            for result in results:
+                with self.transaction() as tx:
+                    record(tx, result)  # type: ignore[arg-type]
+        return results
 
     def close(self) -> None:
         """Closes the sink connection, if one was opened."""

@@ -215,7 +215,7 @@ def test_a_late_request_is_replayed_or_refused(store: LeaseStore, sink_db: str, 
         a = holder(store, "a")
         old = calls(sink_db, a)
         intended = old.outgoing("cust-0001", billing_charges.charge_params(DAY, "cust-0001"))
-        old._claim(intended)  # claimed, then frozen before it sent
+        old._claim([intended])  # claimed, then frozen before it sent
         b = holder(store, "b")
         done = charge(calls(sink_db, b), "cust-0001", p.url, lookup=kind == "tokens")
         assert done.state == "accepted"
@@ -309,7 +309,7 @@ def test_an_intent_older_than_the_replay_window_needs_reconciliation(
     store: LeaseStore, sink_db: str, processor: PaymentProcessor
 ) -> None:
     ext = calls(sink_db, holder(store, "b"), replay_window_s=0.0)
-    ext._claim(ext.outgoing("cust-0001", billing_charges.charge_params(DAY, "cust-0001")))
+    ext._claim([ext.outgoing("cust-0001", billing_charges.charge_params(DAY, "cust-0001"))])
     with pytest.raises(NeedsReconciliation, match="check the processor"):
         charge(ext, "cust-0001", processor.url)
     assert processor.charges() == []
@@ -319,7 +319,7 @@ def test_an_item_intended_with_other_parameters_is_refused(
     store: LeaseStore, sink_db: str, processor: PaymentProcessor
 ) -> None:
     ext = calls(sink_db, holder(store, "b"))
-    ext._claim(ext.outgoing("cust-0001", {"amount": 1, "currency": "usd"}))
+    ext._claim([ext.outgoing("cust-0001", {"amount": 1, "currency": "usd"})])
     with pytest.raises(InvalidLeaseInput, match="other parameters"):
         charge(ext, "cust-0001", processor.url)
     assert processor.charges() == []
@@ -405,3 +405,161 @@ def test_idempotency_keys_are_their_generations_own_and_never_collide() -> None:
     assert len(keys) == 20
     headers = FencedWrite(None, KEY, 7, generation=1).headers("a")  # type: ignore[arg-type]
     assert headers["Idempotency-Key"] == idempotency_key(KEY, "a", 1)
+
+
+# -- call_many: several calls in flight, claims and records batched -------------------------
+
+
+def charge_many(
+    ext: ExternalCalls, customers: list[str], send: Any, *, in_flight: int = 8
+) -> list[Any]:
+    return ext.call_many(
+        [(c, billing_charges.charge_params(DAY, c)) for c in customers],
+        send,
+        record=record_charge,
+        in_flight=in_flight,
+    )
+
+
+def sink_rows(sink_db: str) -> dict[str, int]:
+    with psycopg.connect(sink_db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT customer, count(*) FROM charges WHERE run_key = %s GROUP BY customer", (KEY,)
+        ).fetchall()
+    return dict(rows)
+
+
+def test_many_in_flight_charge_each_customer_once_and_record_each(
+    store: LeaseStore, sink_db: str
+) -> None:
+    names = [f"cust-{i:04d}" for i in range(1, 41)]
+    busy, most = 0, 0
+    lock = threading.Lock()
+    with PaymentProcessor(latency=0.05) as p:
+        real = billing_charges.stripe_sender(billing_charges.stripe_client(p.url))
+
+        def counted(call: OutgoingCall) -> CallAnswer:
+            nonlocal busy, most
+            with lock:
+                busy += 1
+                most = max(most, busy)
+            try:
+                return real(call)
+            finally:
+                with lock:
+                    busy -= 1
+
+        ext = calls(sink_db, holder(store, "b"))
+        first = charge_many(ext, names, counted)
+        again = charge_many(ext, names, counted)  # a retry of the whole body
+        assert [r.item for r in first] == names  # in the order given
+        assert all(r.sent and r.state == "accepted" for r in first)
+        assert not any(r.sent for r in again)
+        assert per_customer(p) == dict.fromkeys(names, 1)
+        assert {r.item: r.reference for r in first} == {c["customer"]: c["id"] for c in p.charges()}
+    assert 1 < most <= 8  # the calls were at the processor together, never more than 8
+    assert sink_rows(sink_db) == dict.fromkeys(names, 1)
+    assert {c: r["state"] for c, r in ledger(sink_db).items()} == dict.fromkeys(names, "accepted")
+
+
+def test_a_holder_frozen_with_calls_in_flight_is_taken_over_each_charged_once(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    names = [f"cust-{i:04d}" for i in range(1, 25)]
+    real = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+    accepted, resume = threading.Event(), threading.Event()
+
+    def frozen_after_send(call: OutgoingCall) -> CallAnswer:
+        answer = real(call)
+        if call.item >= "cust-0009":  # the first items are recorded; the rest freeze
+            accepted.set()
+            resume.wait(30)  # the processor has charged; the answer is not recorded yet
+        return answer
+
+    old = calls(sink_db, holder(store, "a"))
+    errors: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            charge_many(old, names, frozen_after_send)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    assert accepted.wait(30)
+    new = calls(sink_db, holder(store, "b"))
+    taken = charge_many(new, names, real)
+    resume.set()
+    thread.join(30)
+    assert [type(e) for e in errors] == [StaleToken]  # the frozen holder's records refused
+    assert [r.state for r in taken] == ["accepted"] * len(names)
+    assert per_customer(processor) == dict.fromkeys(names, 1)
+    assert sink_rows(sink_db) == dict.fromkeys(names, 1)
+    replayed = {c for c, r in ledger(sink_db).items() if r["sends"] == 2}
+    assert replayed  # the taken-over items were sent again, with their keys: replayed
+    assert replayed <= {c for c in names if c >= "cust-0009"}
+
+
+def test_one_failing_call_stops_the_batch_and_nothing_is_missed_later(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    names = [f"cust-{i:04d}" for i in range(1, 31)]
+    processor.faults.add("error_500", customers=["cust-0005"], times=None)  # down for it
+    send = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+    ext = calls(sink_db, holder(store, "b"))
+    with pytest.raises(ProcessorUnavailable):
+        charge_many(ext, names, send, in_flight=4)
+    states = {c: r["state"] for c, r in ledger(sink_db).items()}
+    assert states["cust-0005"] == "intended"  # deferred, not skipped
+    assert len(states) < len(names)  # no item claimed after the failure
+    charged = per_customer(processor)
+    assert all(states[c] == "accepted" for c in charged)  # what was charged is recorded
+    processor.faults.clear()
+    done = charge_many(ext, names, send, in_flight=4)  # the task's next try
+    assert [r.state for r in done] == ["accepted"] * len(names)
+    assert per_customer(processor) == dict.fromkeys(names, 1)
+    assert sink_rows(sink_db) == dict.fromkeys(names, 1)
+
+
+def test_call_many_refuses_bad_input_before_sending(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    send = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+    ext = calls(sink_db, holder(store, "b"))
+    with pytest.raises(InvalidLeaseInput, match="listed twice"):
+        charge_many(ext, ["cust-0001", "cust-0002", "cust-0001"], send)
+    with pytest.raises(InvalidLeaseInput, match="in_flight"):
+        charge_many(ext, ["cust-0001"], send, in_flight=0)
+    assert processor.charges() == []
+    assert ledger(sink_db) == {}
+
+
+def test_shadow_call_many_sends_nothing_and_records_what_it_would_send(
+    store: LeaseStore, sink_db: str, processor: PaymentProcessor
+) -> None:
+    lease = holder(store, "b")
+    ext = calls(sink_db, lease, shadow=True, idempotency_scope=KEY)
+    send = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+    got = charge_many(ext, ["cust-0001", "cust-0002"], send)
+    assert [r.state for r in got] == ["shadow", "shadow"]
+    assert processor.charges() == []
+    assert ledger(sink_db) == {}
+    assert [w["item"] for w in ext.would_send] == ["cust-0001", "cust-0002"]
+
+
+def test_fence_external_call_many_unprotected_charges_plainly(
+    sink_db: str, processor: PaymentProcessor
+) -> None:
+    # protection off: the plain calls, no key, no ledger (twice run, twice charged)
+    send = billing_charges.stripe_sender(billing_charges.stripe_client(processor.url))
+    names = ["cust-0001", "cust-0002", "cust-0003"]
+    for _ in range(2):
+        fence = Fence.unprotected(KEY, DAY, lambda: psycopg.connect(sink_db, autocommit=True))
+        got = fence.external_call_many(
+            [(c, billing_charges.charge_params(DAY, c)) for c in names], send, record=record_charge
+        )
+        fence.close()
+        assert [r.item for r in got] == names
+    assert per_customer(processor) == dict.fromkeys(names, 2)
+    assert sink_rows(sink_db) == dict.fromkeys(names, 2)

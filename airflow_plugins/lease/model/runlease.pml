@@ -128,9 +128,14 @@ work:
               statement with their writes, one commit each: the intended claim (its write is
               the intent row, no ledger row) and the answer's record (the answer, then the
               ledger row as ledger_claim below, then the caller's writes). The processor's
-              side of the call is not modelled.
-              @sql queries:external_call_claim sha=904b3a92d3f3
-              @sql queries:external_call_answer sha=55d0aee5652d */
+              side of the call is not modelled. Either step may take a batch of items
+              (call_many): one advance, then the items' writes, one commit. Under the fence
+              row's lock no other holder's fenced step runs, so a batch is this holder's
+              per-item steps run back to back (one guard, as each would pass it), and a batch
+              cut or rolled back leaves what a fault on its first item leaves: the model's
+              interleavings include every batch's.
+              @sql queries:external_call_claim sha=32baf2ce8290
+              @sql queries:external_call_answer sha=52824dbd37ac */
            atomic { sink_up && fence_lock == NOBODY ->
                if
                :: fence <= tok[h] -> fence_lock = h          /* GUARD: fence token */

@@ -270,15 +270,17 @@ ORDER BY at DESC
 LIMIT %(limit)s;
 
 -- name: external_call_claim
--- The whole intended claim in one statement (its own transaction on an autocommit connection):
--- the fence advanced to the holder's token under the fence row's lock, as fence_advance_bounded
--- does (waiting at most %(lock)s for the row; the caller then ends older holders frozen in
--- their fenced transactions and tries once more), then the item claimed as intended (a new
--- row, sends 1) or the intended row an earlier holder left taken over (sends + 1: every claim
--- is a send that may reach the processor). The token check and the claim commit together or
--- not at all: a superseded token (fenced false) claims nothing. No claimed row (state NULL)
--- with fenced true: the item's answer is recorded already (read it with external_call_get).
--- same_request: the intended row's request is this call's (an earlier holder's must be).
+-- The whole intended claim of a batch of items (one or more) in one statement, its own
+-- transaction on an autocommit connection: the fence advanced to the holder's token under the
+-- fence row's lock, as fence_advance_bounded does (waiting at most %(lock)s for the row; the
+-- caller then ends older holders frozen in their fenced transactions and tries once more), then
+-- each item claimed as intended (a new row, sends 1) or the intended row an earlier holder left
+-- taken over (sends + 1: every claim is a send that may reach the processor). The token check
+-- and the claims commit together or not at all: a superseded token (fenced false) claims
+-- nothing. One row per item asked for, in the order asked (the items are distinct): state NULL
+-- with fenced true is an item whose answer is recorded already (read it with
+-- external_call_get); same_request: the intended row's request is this call's (an earlier
+-- holder's must be).
 WITH bounded AS MATERIALIZED (
     SELECT set_config('lock_timeout', %(lock)s, true) AS lock_timeout
 ), advanced AS (
@@ -287,20 +289,26 @@ WITH bounded AS MATERIALIZED (
     ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
     WHERE f.token <= excluded.token
     RETURNING f.token
+), wanted AS (
+    SELECT w.item, w.idempotency_key, w.request, w.n
+    FROM unnest(%(items)s::text[], %(idempotency_keys)s::text[], %(requests)s::jsonb[])
+         WITH ORDINALITY AS w(item, idempotency_key, request, n)
 ), claimed AS (
     INSERT INTO runfence.external_call AS c (key, generation, item, idempotency_key, request,
                                              token, sends)
-    SELECT %(key)s::text, %(generation)s::integer, %(item)s::text, %(idempotency_key)s::text,
-           %(request)s::jsonb, a.token, 1
-    FROM advanced a
+    SELECT %(key)s::text, %(generation)s::integer, w.item, w.idempotency_key, w.request,
+           a.token, 1
+    FROM advanced a, wanted w
+    ORDER BY w.item
     ON CONFLICT (key, generation, item) DO UPDATE SET token = excluded.token, sends = c.sends + 1
     WHERE c.state = 'intended'
-    RETURNING c.state, c.request = %(request)s::jsonb AS same_request, c.reference, c.answer,
-              c.sends, extract(epoch FROM clock_timestamp() - c.intended_at)::float8 AS age_s
+    RETURNING c.item, c.state, c.request, c.reference, c.answer, c.sends,
+              extract(epoch FROM clock_timestamp() - c.intended_at)::float8 AS age_s
 )
-SELECT EXISTS (SELECT FROM advanced) AS fenced, c.state, c.same_request, c.reference, c.answer,
-       c.sends, c.age_s
-FROM (SELECT) AS one LEFT JOIN claimed c ON true;
+SELECT EXISTS (SELECT FROM advanced) AS fenced, w.item, c.state,
+       c.request = w.request AS same_request, c.reference, c.answer, c.sends, c.age_s
+FROM wanted w LEFT JOIN claimed c ON c.item = w.item
+ORDER BY w.n;
 
 -- name: external_call_get
 SELECT state, request, reference, answer, sends,
@@ -309,14 +317,15 @@ FROM runfence.external_call
 WHERE key = %(key)s AND generation = %(generation)s AND item = %(item)s;
 
 -- name: external_call_answer
--- The answer's record in one statement: fence_begin's settings (the session is ended if it
--- idles inside the transaction, marked as the key's holder of its token, the advance bounded
--- by %(lock)s), the fence advanced as fence_advance_bounded does (restoring the session's
--- lock_timeout once it holds the row, for the caller's own writes after it), the processor's
--- answer recorded and the item claimed in the ledger (done: never sent again). Alone on an
--- autocommit connection it is its own transaction; with the caller's writes it is the first
--- statement of theirs. fenced false: superseded, nothing written; answered false with fenced
--- true: the answer was recorded already.
+-- The answers' record of a batch of items (one or more) in one statement: fence_begin's
+-- settings (the session is ended if it idles inside the transaction, marked as the key's
+-- holder of its token, the advance bounded by %(lock)s), the fence advanced as
+-- fence_advance_bounded does (restoring the session's lock_timeout once it holds the row, for
+-- the caller's own writes after it), each processor answer recorded and its item claimed in
+-- the ledger (done: never sent again). Alone on an autocommit connection it is its own
+-- transaction; with the caller's writes it is the first statement of theirs. fenced false:
+-- superseded, nothing written; an item missing from answered, with fenced true: its answer
+-- was recorded already.
 WITH begun AS MATERIALIZED (
     SELECT current_setting('lock_timeout') AS prior,
            set_config('idle_in_transaction_session_timeout', %(idle)s, true),
@@ -328,21 +337,27 @@ WITH begun AS MATERIALIZED (
     ON CONFLICT (key) DO UPDATE SET token = excluded.token, advanced_at = now()
     WHERE f.token <= excluded.token
     RETURNING f.token, set_config('lock_timeout', (SELECT b.prior FROM begun b), true)
+), got AS (
+    SELECT g.item, g.state, g.reference, g.answer
+    FROM unnest(%(items)s::text[], %(states)s::text[], %(references)s::text[],
+                %(answers)s::jsonb[]) AS g(item, state, reference, answer)
 ), answered AS (
     UPDATE runfence.external_call AS c
-    SET state = %(state)s::text, reference = %(reference)s::text, answer = %(answer)s::jsonb,
+    SET state = g.state, reference = g.reference, answer = g.answer,
         token = a.token, answered_at = clock_timestamp()
-    FROM advanced a
+    FROM advanced a, got g
     WHERE c.key = %(key)s::text AND c.generation = %(generation)s::integer
-      AND c.item = %(item)s::text AND c.state = 'intended'
+      AND c.item = g.item AND c.state = 'intended'
     RETURNING c.item
 ), done AS (
     INSERT INTO runfence.ledger (key, generation, item, token)
-    SELECT %(key)s::text, %(generation)s::integer, n.item, %(token)s::bigint FROM answered n
+    SELECT %(key)s::text, %(generation)s::integer, n.item, %(token)s::bigint
+    FROM answered n ORDER BY n.item
     ON CONFLICT (key, generation, item) DO NOTHING
     RETURNING item
 )
-SELECT EXISTS (SELECT FROM advanced) AS fenced, EXISTS (SELECT FROM answered) AS answered,
+SELECT EXISTS (SELECT FROM advanced) AS fenced,
+       coalesce((SELECT array_agg(n.item) FROM answered n), '{}') AS answered,
        (SELECT count(*) FROM done) AS ledger_rows;
 
 -- name: external_calls_of
