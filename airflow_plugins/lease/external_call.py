@@ -340,36 +340,29 @@ class ExternalCalls:
         in_flight: int,
         results: dict[str, CallResult],
     ) -> None:
-        """``call_many``'s window: the next items claimed while the claimed ones are sent (one
-        batch ahead), the answers recorded as they come back (those that came together, in
+        """``call_many``'s window: ``in_flight`` threads send; the next ``in_flight`` items
+        are claimed and queued for them while they do (a thread that finishes takes the next
+        at once); the answers are recorded as they come back (those that came together, in
         one statement)."""
         waiting = collections.deque(outs)
-        ready: collections.deque[tuple[OutgoingCall, dict[str, Any]]] = collections.deque()
-        running: dict[Future[tuple[CallAnswer, bool]], OutgoingCall] = {}
+        queued: dict[Future[tuple[CallAnswer, bool]], OutgoingCall] = {}
         failure: BaseException | None = None
         abandoned = threading.Event()  # the holder stopped: the retries in flight end
         with ThreadPoolExecutor(in_flight, thread_name_prefix="external-call") as pool:
             try:
-                while running or ((waiting or ready) and failure is None):
-                    if failure is None:
-                        if waiting and len(ready) < in_flight:
-                            ready.extend(self._claim_ahead(waiting, in_flight, results))
-                        while ready and len(running) < in_flight:
-                            out, row = ready.popleft()
+                while queued or (waiting and failure is None):
+                    if failure is None and waiting and len(queued) <= in_flight:
+                        for out, row in self._claim_ahead(waiting, in_flight, results):
                             job = pool.submit(self._resolve, out, row, send, lookup, abandoned)
-                            running[job] = out
-                    if not running:
-                        continue
-                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                    answered: list[tuple[OutgoingCall, CallAnswer, bool]] = []
-                    for job in finished:
-                        out = running.pop(job)
-                        try:
-                            answer, sent = job.result()
-                        except BaseException as exc:  # the first one is raised, after the rest
-                            failure = failure or exc
+                            queued[job] = out
+                        if not queued:
                             continue
-                        answered.append((out, answer, sent))
+                    finished, _ = wait(queued, return_when=FIRST_COMPLETED)
+                    answered, failed = _collect(finished, queued)
+                    if failed is not None and failure is None:
+                        failure = failed  # the first one is raised, after the rest
+                        for later in queued:  # no further item is sent
+                            later.cancel()
                     if answered:
                         results.update(self._record(answered, record))
             except BaseException:
@@ -594,6 +587,26 @@ class ExternalCalls:
                     ) from None
             # False: only this holder's own other transactions hold it; wait for them
             ended_older = _end_older_holders(conn, self.key, self.token, self.lock_timeout)
+
+
+def _collect(
+    finished: Iterable[Future[tuple[CallAnswer, bool]]],
+    queued: dict[Future[tuple[CallAnswer, bool]], OutgoingCall],
+) -> tuple[list[tuple[OutgoingCall, CallAnswer, bool]], BaseException | None]:
+    """The answers of the ``finished`` calls (taken out of ``queued``) and the first error."""
+    answered: list[tuple[OutgoingCall, CallAnswer, bool]] = []
+    failure: BaseException | None = None
+    for job in finished:
+        out = queued.pop(job)
+        if job.cancelled():  # claimed, never sent: stays intended
+            continue
+        try:
+            answer, sent = job.result()
+        except BaseException as exc:
+            failure = failure or exc
+            continue
+        answered.append((out, answer, sent))
+    return answered, failure
 
 
 class _FenceLocked(Exception):

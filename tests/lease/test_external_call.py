@@ -512,9 +512,11 @@ def test_one_failing_call_stops_the_batch_and_nothing_is_missed_later(
         charge_many(ext, names, send, in_flight=4)
     states = {c: r["state"] for c, r in ledger(sink_db).items()}
     assert states["cust-0005"] == "intended"  # deferred, not skipped
-    assert len(states) < len(names)  # no item claimed after the failure
     charged = per_customer(processor)
-    assert all(states[c] == "accepted" for c in charged)  # what was charged is recorded
+    # what was charged is recorded; what is intended (claimed ahead, then not sent after the
+    # failure) was not charged
+    assert set(charged) == {c for c, state in states.items() if state == "accepted"}
+    assert set(states.values()) <= {"accepted", "intended"}
     processor.faults.clear()
     done = charge_many(ext, names, send, in_flight=4)  # the task's next try
     assert [r.state for r in done] == ["accepted"] * len(names)
