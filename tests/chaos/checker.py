@@ -140,6 +140,7 @@ def check(
         items_missed=sum(missed.values()),
         keys_wedged=sum(wedged.values()),
         holders_stuck=len(log.get("stuck", [])),
+        holders_gave_up=int(log.get("gave_up", 0)),  # past their limit on a key, then retried
         processor_runs=len(at_duplicates),
         processor_items=sum(len(log["keys"][key]) for key in at_duplicates),
         processor_charges=sum(len(made) for made in (charges or {}).values()),

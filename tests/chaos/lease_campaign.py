@@ -138,6 +138,7 @@ class Campaign:
     done: set[str] = field(default_factory=set)
     spawned: int = 0
     stuck: list[str] = field(default_factory=list)
+    gave_up: int = 0  # holders that stopped working a key past their limit (then retried)
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(PROCESS_KINDS + TCP_KINDS)
@@ -240,6 +241,9 @@ class Campaign:
                         slot.pending.remove(key)
                     if outcome in ("completed", "succeeded"):
                         self.done.add(key)
+                    elif outcome == "gave_up":  # past its limit: a retry, as Airflow's
+                        self.gave_up += 1
+                        self.send(slot, key)
             except (EOFError, OSError):
                 self.spawn(slot)  # died on its own: started again, as a retry
         if feed:
@@ -483,6 +487,7 @@ def _campaign(
                 "faults": run.log,
                 "probe": run.probe(),
                 "stuck": run.stuck,
+                "gave_up": run.gave_up,
                 "seconds": seconds,
                 "processors": processors,
                 "processor_keys": run.processor_keys,
