@@ -18,6 +18,7 @@ import psycopg
 
 from airflow_plugins.lease import (
     FencedWrite,
+    InvalidLeaseInput,
     Lease,
     LeaseLost,
     advance_fence,
@@ -326,15 +327,8 @@ class Fence:
             ProcessorUnavailable: the processor stayed unavailable; the item is not skipped.
             MalformedAnswer: the processor's answer was not one.
         """
-        if self.lease is not None:
-            return self.external_calls().call(item, params, send, lookup=lookup, record=record)
-        self.check()
-        answer = checked_answer(send(OutgoingCall(self.key, item, 0, None, dict(params))))
-        result = CallResult(item, answer.state, answer.reference, dict(answer.detail), True)
-        if record is not None:
-            with self.transaction() as tx:
-                record(tx, result)  # type: ignore[arg-type]
-        return result
+        calls = [(item, params)]
+        return self.external_call_many(calls, send, lookup=lookup, record=record, in_flight=1)[0]
 
     def external_call_many(
         self,
@@ -358,25 +352,26 @@ class Fence:
             return self.external_calls().call_many(
                 calls, send, lookup=lookup, record=record, in_flight=in_flight
             )
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise InvalidLeaseInput(f"in_flight is an integer >= 1, not {in_flight!r}")
         pairs = list(calls)
-        with ThreadPoolExecutor(max(1, in_flight)) as pool:
-            answers = list(
-                pool.map(
-                    lambda pair: checked_answer(
-                        send(OutgoingCall(self.key, pair[0], 0, None, dict(pair[1])))
-                    ),
-                    pairs,
-                )
-            )
-        results = [
-            CallResult(item, a.state, a.reference, dict(a.detail), True)
-            for (item, _), a in zip(pairs, answers, strict=True)
-        ]
-        if record is not None:
-            for result in results:
+
+        def plain(pair: tuple[str, dict[str, Any]]) -> CallResult:
+            self.check()
+            got = send(OutgoingCall(self.key, pair[0], 0, None, dict(pair[1])))
+            answer = checked_answer(got)
+            return CallResult(pair[0], answer.state, answer.reference, dict(answer.detail), True)
+
+        def kept(result: CallResult) -> CallResult:
+            if record is not None:  # on this thread, as each answer comes back
                 with self.transaction() as tx:
                     record(tx, result)  # type: ignore[arg-type]
-        return results
+            return result
+
+        if in_flight == 1:
+            return [kept(plain(pair)) for pair in pairs]
+        with ThreadPoolExecutor(in_flight) as pool:
+            return [kept(result) for result in pool.map(plain, pairs)]
 
     def close(self) -> None:
         """Closes the sink connection, if one was opened."""

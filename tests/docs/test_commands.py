@@ -31,14 +31,12 @@ cannot run and must carry a skip marker. Re-run after editing docs:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,47 +129,10 @@ class Services:
 
 
 def _temporal(folder: Path) -> Iterator[str]:
-    from temporalio.client import Client
-
-    from tests.bridge.conftest import temporal_binary
+    from tests.bridge.conftest import dev_server
 
     port = TEMPORAL_PORT
-    log = open(folder / "temporal.log", "w")
-    proc = subprocess.Popen(
-        [
-            temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(port), "--http-port", str(port + 10), "--metrics-port", str(port + 20),
-            "--ui-port", str(port + 30), "--db-filename", str(folder / "temporal.db"),
-            "--log-level", "warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-
-    async def up() -> bool:
-        try:
-            await asyncio.wait_for(Client.connect(address), timeout=2)
-        except Exception:
-            return False
-        return True
-
-    deadline = time.monotonic() + 60
-    try:
-        while not asyncio.run(up()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((folder / "temporal.log").read_text())
-            time.sleep(0.3)
-        yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    yield from dev_server(folder, port, http_port=port + 10, metrics_port=port + 20)
 
 
 @pytest.fixture
