@@ -2,6 +2,7 @@
 
     inventory [--dags-folder D]                 translatability report of every DAG
     mode list | mode get DAG                    cutover modes
+    mode check DAG [--dags-folder D]            would `mode set DAG shadow` pass the gate?
     mode set DAG MODE --actor A --reason R      change a mode (audited; --force to skip gates)
         [--overlap buffer_one] [--no-airflow-pause]
     compare DAG [--limit N]                     comparison rows and readiness
@@ -97,7 +98,9 @@ def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
 
 
 def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
-    """Reads or changes cutover modes."""
+    """Reads, checks or changes cutover modes."""
+    if args.action == "check":
+        return cmd_mode_check(args, config)
     with _store(config) as store:
         modes = ModeStore(store)
         if args.action == "list":
@@ -114,7 +117,9 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
         target = CutoverMode.parse(args.mode)
         current = modes.get(args.dag_id)
         if target is CutoverMode.SHADOW and not args.force:
-            _check_shadow(args, config)
+            note = _check_shadow(args, config)
+            if note:
+                print(f"note: {note}", file=sys.stderr)
         verdict = readiness(store, args.dag_id, config.ready_after)
         change = modes.set(
             args.dag_id,
@@ -145,13 +150,17 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
         return 0
 
 
-def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
-    """Refuses shadow for a DAG whose tasks Temporal would run with effects, naming them.
+def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> str | None:
+    """The shadow gate (``bridge.in_airflow.shadow_gate.check_shadow``) on the DAG folder.
+
+    Returns:
+        A note when shadow is allowed but nothing hands the DAG to Temporal.
 
     Raises:
-        ModeChangeRefused: the DAG is not in the DAG folder, or has such tasks.
+        ModeChangeRefused: no DAG folder, the DAG is not in it, or it has tasks Temporal would
+            run with effects (named).
     """
-    from bridge.in_airflow.shadow_gate import shadow_refusals_of, shadow_route
+    from bridge.in_airflow.shadow_gate import check_shadow
 
     folder = args.dags_folder or config.dags_folder
     if not folder:
@@ -159,25 +168,24 @@ def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
             f"{args.dag_id}: cannot tell which of its tasks Temporal would run in shadow without "
             "the DAG folder: give --dags-folder (or BRIDGE_DAGS_FOLDER), or --force"
         )
-    dags = _dags(folder)
-    dag = dags.get(args.dag_id)
-    if dag is None:
-        raise ModeChangeRefused(
-            f"{args.dag_id} is not in the DAG folder {folder}: cannot tell which of its tasks "
-            "Temporal would run in shadow (or --force)"
-        )
-    refusals = shadow_refusals_of(dag, dags.values())
-    if refusals:
-        raise ModeChangeRefused(
-            f"{args.dag_id}: shadow refused, Temporal would run these tasks with effects: "
-            + "; ".join(refusals)
-        )
-    if shadow_route(dag, dags.values()) == "none":
-        print(
-            f"note: {args.dag_id} has no protected task and no BridgeOperator hands it over: "
-            "Temporal starts no shadow of it (see MIGRATION.md, Shadow)",
-            file=sys.stderr,
-        )
+    return check_shadow(args.dag_id, _dags(folder), folder)
+
+
+def cmd_mode_check(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """``mode check DAG``: whether ``mode set DAG shadow`` would pass the shadow gate (reads
+    the DAG folder only, changes nothing; what the plugin's page runs before a change)."""
+    try:
+        note = _check_shadow(args, config)
+    except ModeChangeRefused as exc:
+        if args.json:
+            print(json.dumps({"dag_id": args.dag_id, "shadow": "refused", "why": str(exc)}))
+            return EXIT_REFUSED
+        raise
+    if args.json:
+        print(json.dumps({"dag_id": args.dag_id, "shadow": "allowed", "note": note}))
+    else:
+        print(f"{args.dag_id}: shadow allowed" + (f" (note: {note})" if note else ""))
+    return 0
 
 
 def _apply_schedule(
@@ -315,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
     inv.add_argument("--dags-folder")
     inv.set_defaults(run=cmd_inventory)
     mode = command("mode", "cutover modes")
-    mode.add_argument("action", choices=["list", "get", "set"])
+    mode.add_argument("action", choices=["list", "get", "check", "set"])
     mode.add_argument("dag_id", nargs="?")
     mode.add_argument("mode", nargs="?")
     mode.add_argument("--actor", default=os.environ.get("USER", ""))

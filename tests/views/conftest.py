@@ -63,6 +63,27 @@ OPTED_IN_DAG = textwrap.dedent(
         backup()
     """
 )
+# the shadow gate's DAGs: the page refuses shadow for one (its task 'notify' has an effect
+# nobody rolls back), accepts it for the other (declared side-effect-free)
+GATE_DAGS = textwrap.dedent(
+    """
+    from datetime import datetime
+    from airflow.providers.standard.operators.bash import BashOperator
+    from airflow.sdk import DAG, task
+
+    for dag_id, tags in (
+        ("gate_refused", ["side-effect-free:extract"]),
+        ("admin_change", ["side-effect-free"]),
+    ):
+        with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), tags=tags):
+
+            @task
+            def extract():
+                return [1, 2]
+
+            extract() >> BashOperator(task_id="notify", bash_command="echo sent")
+    """
+)
 PLUGIN = textwrap.dedent(
     """
     from airflow_plugins.protection.plugin import ExactlyOncePlugin  # noqa: F401
@@ -127,6 +148,7 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
     (home / "dags").mkdir()
     (home / "plugins").mkdir()
     (home / "dags" / "compliance_minutely.py").write_text(OPTED_IN_DAG)
+    (home / "dags" / "gate_dags.py").write_text(GATE_DAGS)
     (home / "plugins" / "exactly_once_views.py").write_text(PLUGIN)
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({name: pw for name, pw in USERS.values()}))

@@ -131,6 +131,28 @@ def test_an_admin_changes_a_mode_and_the_change_is_audited(airflow_api: AirflowA
     assert [(r["actor"], r["reason"]) for r in rows] == [("admin", "start the dual run")]
 
 
+def test_the_page_refuses_shadow_naming_the_tasks_the_gate_refuses(
+    airflow_api: AirflowApi,
+) -> None:
+    """The same gate as `bridge mode set DAG shadow`: the tasks named, the mode unchanged."""
+    form = {"dag_id": "gate_refused", "mode": "shadow", "reason": "start the dual run"}
+    url = f"{airflow_api.url}{PREFIX}/migration/mode"
+    with httpx.Client(timeout=120) as client:
+        # auth and per-DAG permissions come first: a viewer is refused before any gate
+        viewer = {"Authorization": f"Bearer {airflow_api.token('viewer')}"}
+        assert client.post(url, data=form, headers=viewer).status_code == 403
+        answer = client.post(url, data=form, headers=_auth(airflow_api, "admin"))
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["detail"] == (
+        "gate_refused: shadow refused, Temporal would run these tasks with effects: notify: "
+        "writes outside a fence (tag the DAG side-effect-free:notify if it has no effect, or "
+        "make it a protected task with a sink)"
+    )
+    assert _mode(airflow_api, "gate_refused") == "airflow"
+    with LeaseStore(airflow_api.lease_dsn) as store:
+        assert store.history("gate_refused/cutover") == []
+
+
 def test_a_change_posted_from_another_site_is_refused(airflow_api: AirflowApi) -> None:
     headers = {**_auth(airflow_api, "admin"), "Origin": "https://evil.example"}
     form = {"dag_id": "cross_site", "mode": "shadow", "reason": "csrf"}
