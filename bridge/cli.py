@@ -7,6 +7,7 @@
         [--overlap buffer_one] [--no-airflow-pause]
     compare DAG [--limit N]                     comparison rows and readiness
     cancel WORKFLOW_ID                          cancel a handed-over run
+    tasks WORKFLOW_ID...                        per-task states of handed-over runs (history)
     worker [--lane L]                           the bridge worker
     handover                                    (internal) JSON request on stdin
 
@@ -257,6 +258,50 @@ def cmd_cancel(args: argparse.Namespace, config: BridgeConfig) -> int:
     return 0
 
 
+def cmd_tasks(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Prints the per-task view of handed-over runs (``bridge.temporal.run_view``): one JSON
+    line per workflow with ``--json`` (what the plugin's handover page reads), else a table.
+    Exit 3 when Temporal is unreachable, 1 when a workflow is not found."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from bridge.temporal.run_view import read_run_view
+
+    async def run() -> list[dict[str, Any]]:
+        client = await connect(config, timeout_s=args.timeout)
+        answers: list[dict[str, Any]] = []
+        for wid in args.workflow_ids:
+            try:
+                view = await read_run_view(client, wid, timeout_s=args.timeout)
+                answers.append({"ok": True, **dataclasses.asdict(view)})
+            except RPCError as exc:
+                missing = exc.status is RPCStatusCode.NOT_FOUND
+                error = "no such workflow" if missing else f"Temporal refused: {exc.status.name}"
+                answers.append({"ok": False, "workflow_id": wid, "error": error})
+            except TimeoutError:
+                answers.append(
+                    {
+                        "ok": False,
+                        "workflow_id": wid,
+                        "error": f"Temporal gave no history within {args.timeout:.0f} s",
+                    }
+                )
+        return answers  # fmt: skip
+
+    answers = asyncio.run(run())
+    for answer in answers:
+        if args.json:
+            print(json.dumps(answer, default=str, sort_keys=True))
+        elif not answer["ok"]:
+            print(f"{answer['workflow_id']}: {answer['error']}")
+        else:
+            print(f"{answer['workflow_id']}\t{answer['status']}")
+            for task in answer["tasks"]:
+                name = task["task_id"] + (f"[{task['map_key']}]" if task["map_key"] else "")
+                print(f"    {name}\t{task['state']}\tattempts={task['attempts']}\t"
+                      f"{task['duration_ms']}ms\t{task['failure'] or ''}")  # fmt: skip
+    return 0 if all(a["ok"] for a in answers) else EXIT_REFUSED
+
+
 EXAMPLES = """examples:
   bridge inventory --dags-folder /opt/airflow/dags --json
   bridge mode set billing_nightly shadow --actor alice --reason "start dual run"
@@ -340,6 +385,10 @@ def parser() -> argparse.ArgumentParser:
     can = command("cancel", "cancel a handed-over run")
     can.add_argument("workflow_id")
     can.set_defaults(run=cmd_cancel)
+    tasks = command("tasks", "per-task states of handed-over runs, from their Temporal history")
+    tasks.add_argument("workflow_ids", nargs="+", metavar="WORKFLOW_ID")
+    tasks.add_argument("--timeout", type=float, default=15.0)
+    tasks.set_defaults(run=cmd_tasks)
     hand = command("handover", "(internal) start or attach, JSON on stdin")
     hand.set_defaults(run=cmd_handover)
     work = command("worker", "run the bridge worker")
