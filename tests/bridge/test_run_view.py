@@ -27,9 +27,9 @@ from tests.bridge.test_dag_run import BD, new_dag
 SECRET = "hunter2-not-for-pages"
 
 
-def _tasks(config: BridgeConfig, *wids: str, addr: str | None = None) -> subprocess.CompletedProcess[str]:
+def _tasks(config: BridgeConfig, *wids: str, addr: str = "") -> subprocess.CompletedProcess[str]:
     env = {"BRIDGE_TEMPORAL_ADDR": addr or config.temporal_address, "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO)}  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "bridge.cli", "--json", "tasks", *wids, "--timeout", "5"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
