@@ -59,7 +59,13 @@ def menu_entries() -> list[dict[str, Any]]:
             "url_route": "exactly-once",
             "category": "browse",
             "destination": "nav",
-        }
+        },
+        {
+            # a tab on each DAG run: its work handed to Temporal, task by task
+            "name": "Temporal tasks",
+            "href": f"{URL_PREFIX}/handover?dag_id={{DAG_ID}}&run_id={{RUN_ID}}",
+            "destination": "dag_run",
+        },
     ]
 
 

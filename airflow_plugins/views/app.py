@@ -297,6 +297,24 @@ def migration(
     return render(request, "migration.html", user, dags=dags_, modes=modes, message=message)
 
 
+@router.get("/handover", response_class=HTMLResponse)
+def handover(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]+$")],
+    run_id: Annotated[str, Query(min_length=1, max_length=250)],
+) -> HTMLResponse:
+    """A DAG run's work handed to Temporal, task by task (the DAG run's "Temporal tasks")."""
+    access.require_read(user, dag_id)
+    from airflow_plugins.views.handover import handover_page
+
+    data = handover_page(dag_id, run_id)
+    answer = render(request, "handover.html", user, page=data, dag_id=dag_id, run_id=run_id)
+    if data.unavailable:
+        answer.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return answer
+
+
 @router.post("/leases/force-release")
 def force_release(
     request: Request,

@@ -88,6 +88,7 @@ class TemporalHandover:
         except InvalidLeaseInput as exc:
             raise _fail(f"bridge: {exc}") from exc
         assert reply is not None
+        handoff.record_workflow(context, reply.workflow_id)
         if reply.run_id is None:
             return reply.recorded  # done before: the lease's recorded result
         log.info("bridge: %s %s", "started" if reply.started else "attached to", reply.workflow_id)

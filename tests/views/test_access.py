@@ -35,7 +35,10 @@ FORMS: dict[str, dict[str, str]] = {
     "/leases/approve-rerun": {"key": "billing_nightly/charge/2024-02-15", "reason": "test"},
     "/migration/mode": {"dag_id": "billing_nightly", "mode": "shadow", "reason": "test"},
 }
-QUERIES = {"/api/audit": {"dag_id": "billing_nightly", "business_date": "2024-02-15"}}
+QUERIES = {
+    "/api/audit": {"dag_id": "billing_nightly", "business_date": "2024-02-15"},
+    "/handover": {"dag_id": "compliance_minutely", "run_id": "manual__never_handed_over"},
+}
 
 
 def _call(api: AirflowApi, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
@@ -57,6 +60,7 @@ def test_the_router_has_every_page_and_change() -> None:
         "/leases/force-release",
         "/leases/approve-rerun",
         "/migration/mode",
+        "/handover",
     }
 
 
@@ -191,6 +195,10 @@ def test_a_viewer_restricted_to_one_dag_sees_only_that_dag(airflow_api: AirflowA
         assert "hidden_billing" not in leases.text
         assert "hidden_billing" not in get("/migration", restricted).text
         assert "hidden_billing" not in get("/runs", restricted).text
+        # a DAG run that handed nothing to Temporal says so (no Temporal read at all)
+        run = get("/handover", restricted, dag_id="compliance_minutely", run_id="manual__1")
+        assert run.status_code == 200
+        assert "Nothing of this DAG run was handed to Temporal" in run.text
         mine = get("/api/audit", restricted, dag_id="compliance_minutely", business_date=day)
         assert mine.status_code == 200
         assert [k["key"] for k in mine.json()["keys"]] == [f"compliance_minutely/charge/{day}"]
@@ -198,6 +206,7 @@ def test_a_viewer_restricted_to_one_dag_sees_only_that_dag(airflow_api: AirflowA
             ("/api/audit", {"dag_id": "hidden_billing", "business_date": day}),
             ("/audit", {"dag_id": "hidden_billing", "business_date": day}),
             ("/runs", {"dag_id": "hidden_billing"}),
+            ("/handover", {"dag_id": "hidden_billing", "run_id": "manual__1"}),
         ):
             answer = get(path, restricted, **params)
             assert answer.status_code == 403, (path, answer.text[:300])
