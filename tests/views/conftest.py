@@ -220,12 +220,12 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
 
 # The browser test runs on the shared real-Airflow harness (schedulers, dag-processor, ...),
 # with the bridge's scenario DAGs and the session's Temporal dev server (a handed-over run).
-from tests.bridge.conftest import TEMPORAL_PORT, temporal_address  # noqa: E402
+from tests.bridge.conftest import SCENARIO_DAGS, TEMPORAL_PORT, temporal_address  # noqa: E402
 from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS, EXTRA_ENV  # noqa: E402
 from tests.harness.fixtures import airflow  # noqa: E402
 from tests.watcher.minutely import minutely_dag  # noqa: E402
 
-EXTRA_DAG_FOLDERS["bridge"] = Path(__file__).parents[1] / "bridge" / "airflow_dags"
+EXTRA_DAG_FOLDERS["bridge"] = SCENARIO_DAGS
 # the scenario DAGs default to port 27233; every component (and the pages) gets the session's
 EXTRA_ENV.setdefault("BRIDGE_TEMPORAL_ADDR", f"127.0.0.1:{TEMPORAL_PORT}")
 

@@ -13,9 +13,7 @@ A screenshot of each page, on a desktop and on a phone-sized screen, is saved un
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from datetime import date, timedelta
@@ -86,39 +84,21 @@ def handed_over_run(
 ) -> Iterator[dict[str, str]]:
     """A real DAG run whose driver handed the graph to Temporal (the bridge's scenario DAG
     ``bridge_whole``), run by a real worker process."""
-    from bridge.config import BridgeConfig
     from bridge.cutover import ModeStore, migrate_bridge
-    from tests.bridge.conftest import REPO, kill_process, start_worker_process
-    from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS
+    from tests.bridge.conftest import scenario_worker
 
     migrate_bridge(airflow.lease_dsn)
     with airflow.lease_store() as store:
         modes = ModeStore(store)
         if modes.get("bridge_whole_graph").value != "temporal":
             modes.set("bridge_whole_graph", "temporal", actor="views", reason="e2e", force=True)
-    config = BridgeConfig(
-        temporal_address=temporal_address,
-        task_queue_prefix="bridge-e2e",
-        lanes={"default": 4},
-        lease_dsn=airflow.lease_dsn,
-    )
     folder = tmp_path_factory.mktemp("views-bridge-worker")
-    worker = start_worker_process(
-        config,
-        folder / "worker.log",
-        BRIDGE_DAGS_FOLDER=str(EXTRA_DAG_FOLDERS["bridge"]),
-        AIRFLOW_CONN_BILLING_DB=airflow.sink_dsn,
-        AIRFLOW_HOME=str(folder),
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "dags")]),
-    )
-    try:
+    with scenario_worker(temporal_address, airflow.lease_dsn, airflow.sink_dsn, folder):
         day = airflow.fresh_business_date()
         run_id = airflow.trigger_dag_run("bridge_whole", {"business_date": day})
         ended = airflow.wait_for_run_state("bridge_whole", run_id, timeout=300)
         assert ended["state"] == "success", (folder / "worker.log").read_text()[-3000:]
         yield {"run_id": run_id, "day": day}
-    finally:
-        kill_process(worker, signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
