@@ -64,6 +64,7 @@ def menu_entries() -> list[dict[str, Any]]:
             # a tab on each DAG run: its work handed to Temporal, task by task
             "name": "Temporal tasks",
             "href": f"{URL_PREFIX}/handover?dag_id={{DAG_ID}}&run_id={{RUN_ID}}",
+            "url_route": "temporal-tasks",  # Airflow shows a DAG run's tab only with a route
             "destination": "dag_run",
         },
     ]
