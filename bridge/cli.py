@@ -2,10 +2,12 @@
 
     inventory [--dags-folder D]                 translatability report of every DAG
     mode list | mode get DAG                    cutover modes
+    mode check DAG [--dags-folder D]            would `mode set DAG shadow` pass the gate?
     mode set DAG MODE --actor A --reason R      change a mode (audited; --force to skip gates)
         [--overlap buffer_one] [--no-airflow-pause]
     compare DAG [--limit N]                     comparison rows and readiness
     cancel WORKFLOW_ID                          cancel a handed-over run
+    tasks WORKFLOW_ID...                        per-task states of handed-over runs (history)
     worker [--lane L]                           the bridge worker
     handover                                    (internal) JSON request on stdin
 
@@ -97,7 +99,9 @@ def cmd_inventory(args: argparse.Namespace, config: BridgeConfig) -> int:
 
 
 def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
-    """Reads or changes cutover modes."""
+    """Reads, checks or changes cutover modes."""
+    if args.action == "check":
+        return cmd_mode_check(args, config)
     with _store(config) as store:
         modes = ModeStore(store)
         if args.action == "list":
@@ -114,7 +118,9 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
         target = CutoverMode.parse(args.mode)
         current = modes.get(args.dag_id)
         if target is CutoverMode.SHADOW and not args.force:
-            _check_shadow(args, config)
+            note = _check_shadow(args, config)
+            if note:
+                print(f"note: {note}", file=sys.stderr)
         verdict = readiness(store, args.dag_id, config.ready_after)
         change = modes.set(
             args.dag_id,
@@ -145,13 +151,17 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
         return 0
 
 
-def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
-    """Refuses shadow for a DAG whose tasks Temporal would run with effects, naming them.
+def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> str | None:
+    """The shadow gate (``bridge.in_airflow.shadow_gate.check_shadow``) on the DAG folder.
+
+    Returns:
+        A note when shadow is allowed but nothing hands the DAG to Temporal.
 
     Raises:
-        ModeChangeRefused: the DAG is not in the DAG folder, or has such tasks.
+        ModeChangeRefused: no DAG folder, the DAG is not in it, or it has tasks Temporal would
+            run with effects (named).
     """
-    from bridge.in_airflow.shadow_gate import shadow_refusals_of, shadow_route
+    from bridge.in_airflow.shadow_gate import check_shadow
 
     folder = args.dags_folder or config.dags_folder
     if not folder:
@@ -159,25 +169,24 @@ def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> None:
             f"{args.dag_id}: cannot tell which of its tasks Temporal would run in shadow without "
             "the DAG folder: give --dags-folder (or BRIDGE_DAGS_FOLDER), or --force"
         )
-    dags = _dags(folder)
-    dag = dags.get(args.dag_id)
-    if dag is None:
-        raise ModeChangeRefused(
-            f"{args.dag_id} is not in the DAG folder {folder}: cannot tell which of its tasks "
-            "Temporal would run in shadow (or --force)"
-        )
-    refusals = shadow_refusals_of(dag, dags.values())
-    if refusals:
-        raise ModeChangeRefused(
-            f"{args.dag_id}: shadow refused, Temporal would run these tasks with effects: "
-            + "; ".join(refusals)
-        )
-    if shadow_route(dag, dags.values()) == "none":
-        print(
-            f"note: {args.dag_id} has no protected task and no BridgeOperator hands it over: "
-            "Temporal starts no shadow of it (see MIGRATION.md, Shadow)",
-            file=sys.stderr,
-        )
+    return check_shadow(args.dag_id, _dags(folder), folder)
+
+
+def cmd_mode_check(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """``mode check DAG``: whether ``mode set DAG shadow`` would pass the shadow gate (reads
+    the DAG folder only, changes nothing; what the plugin's page runs before a change)."""
+    try:
+        note = _check_shadow(args, config)
+    except ModeChangeRefused as exc:
+        if args.json:
+            print(json.dumps({"dag_id": args.dag_id, "shadow": "refused", "why": str(exc)}))
+            return EXIT_REFUSED
+        raise
+    if args.json:
+        print(json.dumps({"dag_id": args.dag_id, "shadow": "allowed", "note": note}))
+    else:
+        print(f"{args.dag_id}: shadow allowed" + (f" (note: {note})" if note else ""))
+    return 0
 
 
 def _apply_schedule(
@@ -249,6 +258,50 @@ def cmd_cancel(args: argparse.Namespace, config: BridgeConfig) -> int:
     return 0
 
 
+def cmd_tasks(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """Prints the per-task view of handed-over runs (``bridge.temporal.run_view``): one JSON
+    line per workflow with ``--json`` (what the plugin's handover page reads), else a table.
+    Exit 3 when Temporal is unreachable, 1 when a workflow is not found."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from bridge.temporal.run_view import read_run_view
+
+    async def run() -> list[dict[str, Any]]:
+        client = await connect(config, timeout_s=args.timeout)
+        answers: list[dict[str, Any]] = []
+        for wid in args.workflow_ids:
+            try:
+                view = await read_run_view(client, wid, timeout_s=args.timeout)
+                answers.append({"ok": True, **dataclasses.asdict(view)})
+            except RPCError as exc:
+                missing = exc.status is RPCStatusCode.NOT_FOUND
+                error = "no such workflow" if missing else f"Temporal refused: {exc.status.name}"
+                answers.append({"ok": False, "workflow_id": wid, "error": error})
+            except TimeoutError:
+                answers.append(
+                    {
+                        "ok": False,
+                        "workflow_id": wid,
+                        "error": f"Temporal gave no history within {args.timeout:.0f} s",
+                    }
+                )
+        return answers  # fmt: skip
+
+    answers = asyncio.run(run())
+    for answer in answers:
+        if args.json:
+            print(json.dumps(answer, default=str, sort_keys=True))
+        elif not answer["ok"]:
+            print(f"{answer['workflow_id']}: {answer['error']}")
+        else:
+            print(f"{answer['workflow_id']}\t{answer['status']}")
+            for task in answer["tasks"]:
+                name = task["task_id"] + (f"[{task['map_key']}]" if task["map_key"] else "")
+                print(f"    {name}\t{task['state']}\tattempts={task['attempts']}\t"
+                      f"{task['duration_ms']}ms\t{task['failure'] or ''}")  # fmt: skip
+    return 0 if all(a["ok"] for a in answers) else EXIT_REFUSED
+
+
 EXAMPLES = """examples:
   bridge inventory --dags-folder /opt/airflow/dags --json
   bridge mode set billing_nightly shadow --actor alice --reason "start dual run"
@@ -315,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
     inv.add_argument("--dags-folder")
     inv.set_defaults(run=cmd_inventory)
     mode = command("mode", "cutover modes")
-    mode.add_argument("action", choices=["list", "get", "set"])
+    mode.add_argument("action", choices=["list", "get", "check", "set"])
     mode.add_argument("dag_id", nargs="?")
     mode.add_argument("mode", nargs="?")
     mode.add_argument("--actor", default=os.environ.get("USER", ""))
@@ -332,6 +385,10 @@ def parser() -> argparse.ArgumentParser:
     can = command("cancel", "cancel a handed-over run")
     can.add_argument("workflow_id")
     can.set_defaults(run=cmd_cancel)
+    tasks = command("tasks", "per-task states of handed-over runs, from their Temporal history")
+    tasks.add_argument("workflow_ids", nargs="+", metavar="WORKFLOW_ID")
+    tasks.add_argument("--timeout", type=float, default=15.0)
+    tasks.set_defaults(run=cmd_tasks)
     hand = command("handover", "(internal) start or attach, JSON on stdin")
     hand.set_defaults(run=cmd_handover)
     work = command("worker", "run the bridge worker")

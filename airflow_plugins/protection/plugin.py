@@ -59,7 +59,14 @@ def menu_entries() -> list[dict[str, Any]]:
             "url_route": "exactly-once",
             "category": "browse",
             "destination": "nav",
-        }
+        },
+        {
+            # a tab on each DAG run: its work handed to Temporal, task by task
+            "name": "Temporal tasks",
+            "href": f"{URL_PREFIX}/handover?dag_id={{DAG_ID}}&run_id={{RUN_ID}}",
+            "url_route": "temporal-tasks",  # Airflow shows a DAG run's tab only with a route
+            "destination": "dag_run",
+        },
     ]
 
 

@@ -297,6 +297,24 @@ def migration(
     return render(request, "migration.html", user, dags=dags_, modes=modes, message=message)
 
 
+@router.get("/handover", response_class=HTMLResponse)
+def handover(
+    request: Request,
+    user: GetUserDep,
+    dag_id: Annotated[str, Query(max_length=250, pattern=r"^[A-Za-z0-9_.\-]+$")],
+    run_id: Annotated[str, Query(min_length=1, max_length=250)],
+) -> HTMLResponse:
+    """A DAG run's work handed to Temporal, task by task (the DAG run's "Temporal tasks")."""
+    access.require_read(user, dag_id)
+    from airflow_plugins.views.handover import handover_page
+
+    data = handover_page(dag_id, run_id)
+    answer = render(request, "handover.html", user, page=data, dag_id=dag_id, run_id=run_id)
+    if data.unavailable:
+        answer.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return answer
+
+
 @router.post("/leases/force-release")
 def force_release(
     request: Request,
@@ -334,18 +352,25 @@ def change_mode(
     force: Annotated[bool, Form()] = False,
 ) -> RedirectResponse:
     actor = access.require_admin(request, user, dag_id)
-    from bridge.comparison import ready
-    from bridge.cutover import ModeStore
+    from bridge.comparison import readiness
+    from bridge.cutover import CutoverMode, ModeStore
+    from bridge.in_airflow import shadow_check
 
     store = _store(request)
     with _refused_as(status.HTTP_409_CONFLICT):
+        # the same gate as `bridge mode set DAG shadow` (also skipped by force), run on the DAG
+        # folder in a child process: DAG code never runs in the api-server
+        if CutoverMode.parse(mode) is CutoverMode.SHADOW and not force:
+            shadow_check.check_in_child(dag_id, shadow_check.dags_folder())
+        verdict = readiness(store, dag_id, _ready_after())
         change = ModeStore(store).set(
             dag_id,
             mode,
             actor=actor,
             reason=reason,
             force=force,
-            ready=ready(store, dag_id, _ready_after()),
+            ready=verdict.ready,
+            why_not_ready=verdict.why_not(),
         )
     said = f"{dag_id}: {change.previous.value} -> {change.current.value}"
     return _back(request, "migration", said)

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from airflow_plugins.lease import InvalidLeaseInput
 from bridge.config import BridgeConfig, TemporalUnavailable
 from bridge.spec import DagSpec, Handoff, RunMode
 
+log = logging.getLogger(__name__)
+
 TIMEOUT_S = 120.0
+#: The XCom key under which a handed-over task records its workflow id (read by the plugin's
+#: handover page, ``airflow_plugins.views.handover``, to show the run's tasks from Temporal).
+XCOM_KEY = "bridge_workflow_id"
 
 
 class HandoverFailed(RuntimeError):
@@ -106,3 +114,15 @@ def request(
     if kind in ("HandoverRefused", "PayloadTooLarge", "InvalidLeaseInput", "UntranslatableDag"):
         raise InvalidLeaseInput(message)
     raise HandoverFailed(f"{kind}: {message}")
+
+
+def record_workflow(context: Mapping[str, Any], workflow_id: str) -> None:
+    """Records in XCom the workflow that runs this task's work (Airflow's per-task view of a
+    handed-over run starts from it); never fatal: the handover itself matters more."""
+    push = getattr(context.get("ti"), "xcom_push", None)
+    if push is None:
+        return  # a context without a task instance (the operator driven outside Airflow)
+    try:
+        push(key=XCOM_KEY, value=workflow_id)
+    except Exception as exc:
+        log.warning("bridge: could not record workflow %s in XCom: %s", workflow_id, exc)

@@ -148,6 +148,7 @@ class BridgeOperator(BaseOperator):
         except (InvalidLeaseInput, UntranslatableDag) as exc:
             raise AirflowFailException(f"bridge: {exc}") from exc
         assert reply is not None
+        handoff.record_workflow(context, reply.workflow_id)
         if reply.run_id is None:
             return reply.recorded
         config = BridgeConfig.load()

@@ -1,7 +1,11 @@
 """The bridge's router for the Airflow protected operator (``airflow_plugins.protection.routing``).
 
 Install it with ``[exactly_once] router = bridge.in_airflow.router:BridgeRouter``. Per protected try
-it reads the DAG run's cutover mode, fixed by the first try of the run that asks:
+it reads the cutover mode of the business run (the DAG and the try's business date), fixed by the
+first that asks (a try of any DAG run of that date, a ``BridgeOperator``, a schedule tick:
+``ModeStore.fix_for_business_run``). So one business run has one primary engine: a retry, a
+cleared task or a second DAG run of the date stays with the engine the business run started in,
+even after a rollback (which applies from the next business date on):
 
 * ``airflow``: run here;
 * ``shadow``: start the Temporal shadow of this task (not waited for), then run here;
@@ -84,6 +88,7 @@ class TemporalHandover:
         except InvalidLeaseInput as exc:
             raise _fail(f"bridge: {exc}") from exc
         assert reply is not None
+        handoff.record_workflow(context, reply.workflow_id)
         if reply.run_id is None:
             return reply.recorded  # done before: the lease's recorded result
         log.info("bridge: %s %s", "started" if reply.started else "attached to", reply.workflow_id)
@@ -160,13 +165,13 @@ class BridgeRouter:
     """Routes protected tries by their DAG run's fixed cutover mode."""
 
     def route(self, run: ProtectedRun) -> Route:
-        """The route of ``run`` (the same for every try of its DAG run)."""
+        """The route of ``run`` (the same for every try of its business run)."""
         if _running_primary.get():
             return Route(CutoverMode.SHADOW.value)
         from airflow_plugins.protection import config
 
-        mode = mode_store(config.lease_store(), config.lease_dsn()).fix_for_run(
-            run.dag_id, run.run_id
+        mode = mode_store(config.lease_store(), config.lease_dsn()).fix_for_business_run(
+            run.dag_id, run.key.business_date
         )
         if mode is CutoverMode.AIRFLOW:
             return Route(mode.value)

@@ -3,14 +3,17 @@
 ``bridge mode set DAG shadow`` refuses, naming them, the tasks Temporal would run in shadow that
 have an effect outside a fence and are not declared side-effect-free (a shadow must change
 nothing and reach nobody; its fenced writes are captured and rolled back, the rest would run
-for real).
+for real). Every way to set a mode applies it through ``check_shadow``: the command line in its
+own process, the plugin's ``/migration/mode`` page through ``bridge mode check`` in a child
+process (``bridge.in_airflow.shadow_check``), so DAG code never runs in Airflow's api-server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bridge.cutover import ModeChangeRefused
 from bridge.graph import shadow_refusals
 from bridge.in_airflow.refusals import NotTranslatable, class_names
 from bridge.in_airflow.translate import declared_side_effect_free, task_spec, uninspectable
@@ -92,3 +95,34 @@ def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
             reason = uninspectable(task.task_id, type(task).__name__, exc).reason
             refused.append(f"{task.task_id}: {reason}")
     return refused + shadow_refusals(DagSpec(dag.dag_id, tuple(specs)))
+
+
+def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | None:
+    """The shadow gate of ``dag_id`` among the DAGs of ``folder`` (``dags``: id -> DAG).
+
+    Returns:
+        A note for the user when shadow is allowed but Temporal starts no shadow of the DAG
+        (nothing hands it over), else None.
+
+    Raises:
+        ModeChangeRefused: the DAG is not among ``dags``, or Temporal would run some of its
+            tasks with effects (each named with the reason).
+    """
+    dag = dags.get(dag_id)
+    if dag is None:
+        raise ModeChangeRefused(
+            f"{dag_id} is not in the DAG folder {folder}: cannot tell which of its tasks "
+            "Temporal would run in shadow (or --force)"
+        )
+    refusals = shadow_refusals_of(dag, dags.values())
+    if refusals:
+        raise ModeChangeRefused(
+            f"{dag_id}: shadow refused, Temporal would run these tasks with effects: "
+            + "; ".join(refusals)
+        )
+    if shadow_route(dag, dags.values()) == "none":
+        return (
+            f"{dag_id} has no protected task and no BridgeOperator hands it over: "
+            "Temporal starts no shadow of it (see MIGRATION.md, Shadow)"
+        )
+    return None

@@ -190,6 +190,37 @@ def start_worker_process(config: BridgeConfig, log: Path, **env: str) -> subproc
         )
 
 
+SCENARIO_DAGS = Path(__file__).parent / "airflow_dags"
+SCENARIO_QUEUES = "bridge-e2e"  # the scenario DAGs' BRIDGE_QUEUE_PREFIX
+
+
+@contextmanager
+def scenario_worker(
+    temporal_address: str, lease_dsn: str, sink_dsn: str, folder: Path
+) -> Iterator[BridgeConfig]:
+    """The bridge's schema and one real worker process for the scenario DAGs on the Airflow
+    harness (``airflow_dags/``, sink ``billing_db``), stopped after the block."""
+    migrate_bridge(lease_dsn)
+    config = BridgeConfig(
+        temporal_address=temporal_address,
+        task_queue_prefix=SCENARIO_QUEUES,
+        lanes={"default": 4},
+        lease_dsn=lease_dsn,
+    )
+    worker = start_worker_process(
+        config,
+        folder / "worker.log",
+        BRIDGE_DAGS_FOLDER=str(SCENARIO_DAGS),
+        AIRFLOW_CONN_BILLING_DB=sink_dsn,
+        AIRFLOW_HOME=str(folder),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "dags")]),
+    )
+    try:
+        yield config
+    finally:
+        kill_process(worker, signal.SIGTERM)
+
+
 def kill_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Signals a process started by a test (by its pid) and reaps it."""
     if proc.poll() is None:

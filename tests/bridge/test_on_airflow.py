@@ -14,7 +14,6 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -22,16 +21,15 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from airflow_plugins.lease import LeaseStore
 from bridge.comparison import get_comparison
 from bridge.config import BridgeConfig
-from bridge.cutover import ModeStore, migrate_bridge
+from bridge.cutover import ModeStore
 from bridge.identity import workflow_id
 from bridge.spec import RunMode
-from tests.bridge.conftest import REPO, kill_process, start_worker_process, wait_for
+from tests.bridge.conftest import SCENARIO_DAGS, scenario_worker, wait_for
 from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS, AirflowHarness, signal_pids
 from tests.harness.fixtures import airflow  # noqa: F401  (the session fixture)
 
-EXTRA_DAG_FOLDERS["bridge"] = Path(__file__).parent / "airflow_dags"
+EXTRA_DAG_FOLDERS["bridge"] = SCENARIO_DAGS
 DAG_ID = "bridge_billing"
-E2E_QUEUES = "bridge-e2e"
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +38,11 @@ def bridge_on_airflow(
     temporal_address: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[BridgeConfig]:
-    """The lease store's bridge schema, the DAG in ``temporal`` mode, one worker process."""
+    """The lease store's bridge schema, one worker process."""
     assert temporal_address == "127.0.0.1:27233", "the scenario DAG points at this server"
-    migrate_bridge(airflow.lease_dsn)
-    config = BridgeConfig(
-        temporal_address=temporal_address,
-        task_queue_prefix=E2E_QUEUES,
-        lanes={"default": 4},
-        lease_dsn=airflow.lease_dsn,
-    )
     folder = tmp_path_factory.mktemp("bridge-worker")
-    worker = start_worker_process(
-        config,
-        folder / "worker.log",
-        BRIDGE_DAGS_FOLDER=str(EXTRA_DAG_FOLDERS["bridge"]),
-        AIRFLOW_CONN_BILLING_DB=airflow.sink_dsn,
-        AIRFLOW_HOME=str(folder),
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "dags")]),
-    )
-    try:
+    with scenario_worker(temporal_address, airflow.lease_dsn, airflow.sink_dsn, folder) as config:
         yield config
-    finally:
-        kill_process(worker, signal.SIGTERM)
 
 
 def _set_mode(airflow: AirflowHarness, mode: str, dag_id: str = DAG_ID) -> None:  # noqa: F811

@@ -63,6 +63,27 @@ OPTED_IN_DAG = textwrap.dedent(
         backup()
     """
 )
+# the shadow gate's DAGs: the page refuses shadow for one (its task 'notify' has an effect
+# nobody rolls back), accepts it for the other (declared side-effect-free)
+GATE_DAGS = textwrap.dedent(
+    """
+    from datetime import datetime
+    from airflow.providers.standard.operators.bash import BashOperator
+    from airflow.sdk import DAG, task
+
+    for dag_id, tags in (
+        ("gate_refused", ["side-effect-free:extract"]),
+        ("admin_change", ["side-effect-free"]),
+    ):
+        with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), tags=tags):
+
+            @task
+            def extract():
+                return [1, 2]
+
+            extract() >> BashOperator(task_id="notify", bash_command="echo sent")
+    """
+)
 PLUGIN = textwrap.dedent(
     """
     from airflow_plugins.protection.plugin import ExactlyOncePlugin  # noqa: F401
@@ -127,6 +148,7 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
     (home / "dags").mkdir()
     (home / "plugins").mkdir()
     (home / "dags" / "compliance_minutely.py").write_text(OPTED_IN_DAG)
+    (home / "dags" / "gate_dags.py").write_text(GATE_DAGS)
     (home / "plugins" / "exactly_once_views.py").write_text(PLUGIN)
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({name: pw for name, pw in USERS.values()}))
@@ -196,8 +218,15 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
         drop_database(lease_dsn)
 
 
-# The browser test runs on the shared real-Airflow harness (schedulers, dag-processor, ...).
+# The browser test runs on the shared real-Airflow harness (schedulers, dag-processor, ...),
+# with the bridge's scenario DAGs and the session's Temporal dev server (a handed-over run).
+from tests.bridge.conftest import SCENARIO_DAGS, TEMPORAL_PORT, temporal_address  # noqa: E402
+from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS, EXTRA_ENV  # noqa: E402
 from tests.harness.fixtures import airflow  # noqa: E402
 from tests.watcher.minutely import minutely_dag  # noqa: E402
 
-__all__ = ["AirflowApi", "airflow", "airflow_api", "minutely_dag"]
+EXTRA_DAG_FOLDERS["bridge"] = SCENARIO_DAGS
+# the scenario DAGs default to port 27233; every component (and the pages) gets the session's
+EXTRA_ENV.setdefault("BRIDGE_TEMPORAL_ADDR", f"127.0.0.1:{TEMPORAL_PORT}")
+
+__all__ = ["AirflowApi", "airflow", "airflow_api", "minutely_dag", "temporal_address"]

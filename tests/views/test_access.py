@@ -35,7 +35,10 @@ FORMS: dict[str, dict[str, str]] = {
     "/leases/approve-rerun": {"key": "billing_nightly/charge/2024-02-15", "reason": "test"},
     "/migration/mode": {"dag_id": "billing_nightly", "mode": "shadow", "reason": "test"},
 }
-QUERIES = {"/api/audit": {"dag_id": "billing_nightly", "business_date": "2024-02-15"}}
+QUERIES = {
+    "/api/audit": {"dag_id": "billing_nightly", "business_date": "2024-02-15"},
+    "/handover": {"dag_id": "compliance_minutely", "run_id": "manual__never_handed_over"},
+}
 
 
 def _call(api: AirflowApi, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
@@ -57,6 +60,7 @@ def test_the_router_has_every_page_and_change() -> None:
         "/leases/force-release",
         "/leases/approve-rerun",
         "/migration/mode",
+        "/handover",
     }
 
 
@@ -131,6 +135,28 @@ def test_an_admin_changes_a_mode_and_the_change_is_audited(airflow_api: AirflowA
     assert [(r["actor"], r["reason"]) for r in rows] == [("admin", "start the dual run")]
 
 
+def test_the_page_refuses_shadow_naming_the_tasks_the_gate_refuses(
+    airflow_api: AirflowApi,
+) -> None:
+    """The same gate as `bridge mode set DAG shadow`: the tasks named, the mode unchanged."""
+    form = {"dag_id": "gate_refused", "mode": "shadow", "reason": "start the dual run"}
+    url = f"{airflow_api.url}{PREFIX}/migration/mode"
+    with httpx.Client(timeout=120) as client:
+        # auth and per-DAG permissions come first: a viewer is refused before any gate
+        viewer = {"Authorization": f"Bearer {airflow_api.token('viewer')}"}
+        assert client.post(url, data=form, headers=viewer).status_code == 403
+        answer = client.post(url, data=form, headers=_auth(airflow_api, "admin"))
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["detail"] == (
+        "gate_refused: shadow refused, Temporal would run these tasks with effects: notify: "
+        "writes outside a fence (tag the DAG side-effect-free:notify if it has no effect, or "
+        "make it a protected task with a sink)"
+    )
+    assert _mode(airflow_api, "gate_refused") == "airflow"
+    with LeaseStore(airflow_api.lease_dsn) as store:
+        assert store.history("gate_refused/cutover") == []
+
+
 def test_a_change_posted_from_another_site_is_refused(airflow_api: AirflowApi) -> None:
     headers = {**_auth(airflow_api, "admin"), "Origin": "https://evil.example"}
     form = {"dag_id": "cross_site", "mode": "shadow", "reason": "csrf"}
@@ -169,6 +195,10 @@ def test_a_viewer_restricted_to_one_dag_sees_only_that_dag(airflow_api: AirflowA
         assert "hidden_billing" not in leases.text
         assert "hidden_billing" not in get("/migration", restricted).text
         assert "hidden_billing" not in get("/runs", restricted).text
+        # a DAG run that handed nothing to Temporal says so (no Temporal read at all)
+        run = get("/handover", restricted, dag_id="compliance_minutely", run_id="manual__1")
+        assert run.status_code == 200
+        assert "Nothing of this DAG run was handed to Temporal" in run.text
         mine = get("/api/audit", restricted, dag_id="compliance_minutely", business_date=day)
         assert mine.status_code == 200
         assert [k["key"] for k in mine.json()["keys"]] == [f"compliance_minutely/charge/{day}"]
@@ -176,6 +206,7 @@ def test_a_viewer_restricted_to_one_dag_sees_only_that_dag(airflow_api: AirflowA
             ("/api/audit", {"dag_id": "hidden_billing", "business_date": day}),
             ("/audit", {"dag_id": "hidden_billing", "business_date": day}),
             ("/runs", {"dag_id": "hidden_billing"}),
+            ("/handover", {"dag_id": "hidden_billing", "run_id": "manual__1"}),
         ):
             answer = get(path, restricted, **params)
             assert answer.status_code == 403, (path, answer.text[:300])

@@ -4,18 +4,22 @@ A person logs in through Airflow's login form, then opens each page: the leases 
 lease of a real protected billing run and the duplicate run that was blocked; the audit page
 answers "ran exactly once" for it with its token and holder; the runs page shows a per-minute
 opted-in DAG's schedule lag and its SLA; the migration page shows a DAG in shadow mode with its
-compared runs and a divergence. Every chart is an SVG that renders with marks in it; any
-browser console error fails the test. A screenshot of each page, on a desktop and on a
-phone-sized screen, is saved under ``test-artifacts/views/``.
+compared runs and a divergence; a DAG run whose driver handed it to Temporal has a "Temporal
+tasks" tab on Airflow's DAG run page, and its page shows each task's state from the workflow.
+Every chart is an SVG that renders with marks in it; any browser console error fails the test.
+A screenshot of each page, on a desktop and on a phone-sized screen, is saved under
+``test-artifacts/views/``.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from psycopg.types.json import Jsonb
@@ -72,6 +76,29 @@ def _seed_migration(airflow: AirflowHarness) -> None:
                         "shadow_calls": Jsonb({}),
                     },
                 )
+
+
+@pytest.fixture(scope="module")
+def handed_over_run(
+    airflow: AirflowHarness, temporal_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """A real DAG run whose driver handed the graph to Temporal (the bridge's scenario DAG
+    ``bridge_whole``), run by a real worker process."""
+    from bridge.cutover import ModeStore, migrate_bridge
+    from tests.bridge.conftest import scenario_worker
+
+    migrate_bridge(airflow.lease_dsn)
+    with airflow.lease_store() as store:
+        modes = ModeStore(store)
+        if modes.get("bridge_whole_graph").value != "temporal":
+            modes.set("bridge_whole_graph", "temporal", actor="views", reason="e2e", force=True)
+    folder = tmp_path_factory.mktemp("views-bridge-worker")
+    with scenario_worker(temporal_address, airflow.lease_dsn, airflow.sink_dsn, folder):
+        day = airflow.fresh_business_date()
+        run_id = airflow.trigger_dag_run("bridge_whole", {"business_date": day})
+        ended = airflow.wait_for_run_state("bridge_whole", run_id, timeout=300)
+        assert ended["state"] == "success", (folder / "worker.log").read_text()[-3000:]
+        yield {"run_id": run_id, "day": day}
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +160,10 @@ def _login(page: Any, base_url: str, user: str, password: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # includes starting the shared Airflow stack
 def test_each_page_in_a_real_browser(
-    airflow: AirflowHarness, protected_run: dict[str, Any], minutely_dag: MinutelyDag
+    airflow: AirflowHarness,
+    protected_run: dict[str, Any],
+    minutely_dag: MinutelyDag,
+    handed_over_run: dict[str, str],
 ) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -197,6 +227,26 @@ def test_each_page_in_a_real_browser(
             assert section.locator("svg.chart circle").count() >= 12  # both engines, 6 runs
             browser.charts_render(2)
             page.screenshot(path=str(ARTIFACTS / "migration.png"), full_page=True)
+            assert browser.errors == []
+
+            # the handed-over run's tab on Airflow's own DAG run page, then its tasks
+            run_id = handed_over_run["run_id"]
+            page.goto(f"{airflow.base_url}/dags/bridge_whole/runs/{run_id}", wait_until="load")
+            tab = page.get_by_role("link", name="Temporal tasks")
+            tab.first.wait_for(timeout=60_000)
+            handover = f"/handover?dag_id=bridge_whole&run_id={quote(run_id)}"
+            page = browser.open(handover)
+            workflow = f"dagrun:bridge_whole_graph/dagrun/{handed_over_run['day']}"
+            section = page.locator("section.workflow")
+            assert section.count() == 1
+            assert workflow in section.inner_text()
+            assert "completed" in section.locator("h2").inner_text()
+            states = {
+                row.get_attribute("data-task"): row.locator("td").nth(1).inner_text()
+                for row in section.locator("tr[data-task]").all()
+            }
+            assert states == {"extract": "succeeded", "charge": "succeeded", "report": "succeeded"}
+            page.screenshot(path=str(ARTIFACTS / "handover.png"), full_page=True)
             assert browser.errors == []
 
             phone = chromium.new_context(
