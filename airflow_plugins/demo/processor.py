@@ -625,6 +625,19 @@ class ProcessorProcess:
                 self.proc.wait()
 
 
+def inject_fault(url: str, mode: str, *, times: int | None = 1, delay: float = 5.0) -> None:
+    """Makes the processor at ``url`` inject ``mode`` (one of ``FAULT_MODES``) into its next
+    ``times`` charge requests, through its side door (``POST /_processor/faults``)."""
+    if mode not in FAULT_MODES:
+        raise ValueError(f"unknown fault mode {mode!r}; one of {sorted(FAULT_MODES)}")
+    body = json.dumps({"mode": mode, "times": times, "delay": delay}).encode()
+    request = urllib.request.Request(
+        url + "/_processor/faults", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
+
+
 def processor_charges(url: str) -> list[dict[str, Any]]:
     """Every charge made by the processor at ``url`` (its record, not the SDK's paging)."""
     with urllib.request.urlopen(url + "/_processor/charges", timeout=10) as answer:

@@ -65,6 +65,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dags"))
 import billing_charges  # the DAGs' own stripe sender, as the billing DAG uses it
 
 WRITE = "INSERT INTO effects (key, item, token, writer) VALUES (%s, %s, %s, %s)"
+# how long a holder waits for the processor's answer (the campaign's processor_timeout fault
+# answers later than this, after making the charge)
+PROCESSOR_TIMEOUT = 2.0
 # CALL: the item's request is out at the processor; ACCEPTED: it answered, not yet recorded
 IDLE, LEASE, TX, CALL, ACCEPTED = 0, 1, 2, 3, 4
 FIELDS = 3  # per holder in the shared array: state, key number, sink backend pid
@@ -229,7 +232,7 @@ def charge_params(key: str, item: str) -> dict[str, Any]:
 def _sender(cfg: Config, state: Any) -> Any:
     """The stripe SDK's sender (``billing_charges.stripe_sender``), publishing the holder's
     state around it; the item's work follows the processor's answer (the window)."""
-    client = billing_charges.stripe_client(cfg.processor_url, timeout=5.0)
+    client = billing_charges.stripe_client(cfg.processor_url, timeout=PROCESSOR_TIMEOUT)
     stripe_send = billing_charges.stripe_sender(client)
 
     def send(call: OutgoingCall) -> CallAnswer:

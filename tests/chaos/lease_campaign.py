@@ -22,6 +22,9 @@ honouring idempotency keys, and (fenced, N >= 2) every second processor group on
 that also checks fencing tokens. Plain, those holders charge with no key and no ledger. Half of
 the process faults (by the seed) are aimed at a holder in the window between the processor's
 answer and the record, when one is there (the incident's window); the log marks such faults.
+Faults at the processors themselves join them: the processor a holder's group charges at
+answers its next requests with a 500 (nothing charged), drops the connection, or charges and
+answers only after the holder's client timed out (the ambiguous answer).
 
 A fault counts as landed when it hit while the holder had a lease or a sink transaction live
 (read from the holder's shared state while it is stopped, for a signal; when it fired, for an
@@ -62,7 +65,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
-from airflow_plugins.demo.processor import ProcessorProcess
+from airflow_plugins.demo.processor import ProcessorProcess, inject_fault
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from tests.chaos import holder as holder_module
 from tests.chaos.holder import ACCEPTED, FIELDS, IDLE, Config
@@ -81,6 +84,10 @@ TCP_KINDS = tuple(
     for route in ("store", "sink")
     for fault in ("blackhole", "reset", "slow", "ambiguous_commit")
 )
+# with --processor-groups: at the processor the slot's group charges at, consumed by its next
+# charge requests: it answers 500 before charging, drops the connection, or charges and answers
+# after the holder's client timed out (the ambiguous answer)
+PROCESSOR_KINDS = ("processor_500", "processor_down", "processor_timeout")
 # with --private-pg: capped per run, they cost seconds each
 SERVER_KINDS = ("store_restart", "store_crash")
 CUT = """
@@ -123,7 +130,8 @@ class Campaign:
     groups: int = 6
     item_sleep: float = 0.02
     gap: tuple[float, float] = (0.02, 0.08)  # seconds between faults
-    kinds: tuple[str, ...] = PROCESS_KINDS + TCP_KINDS  # a regression case may pick a few
+    # a regression case may pick a few; none: every kind (the processor's with processor groups)
+    kinds: tuple[str, ...] = ()
     drain: float = 60.0  # seconds the holders get to finish once the faults end
     processor_groups: int = 0  # groups charging at a processor
     processors: dict[str, str] = field(default_factory=dict)  # name -> base URL
@@ -141,9 +149,11 @@ class Campaign:
     gave_up: int = 0  # holders that stopped working a key past their limit (then retried)
 
     def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(PROCESS_KINDS + TCP_KINDS)
-        if unknown or not self.kinds:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}: {PROCESS_KINDS + TCP_KINDS}")
+        known = PROCESS_KINDS + TCP_KINDS + (PROCESSOR_KINDS if self.processor_groups else ())
+        self.kinds = self.kinds or known
+        unknown = set(self.kinds) - set(known)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}: {known}")
         self.rng = random.Random(self.seed)
         self.server_at: set[int] = set()  # which faults (by position) restart the server
         self.ctx = multiprocessing.get_context("forkserver")
@@ -281,6 +291,8 @@ class Campaign:
         if self.processor_groups > 0 and self.rng.random() < 0.5 and kind in PROCESS_KINDS:
             # aimed at the window between the processor's answer and the record, if one is open
             targets = [s for s in running if self.in_window(s)] or targets
+        if kind in PROCESSOR_KINDS:  # at a processor: one of its groups' holders is the target
+            targets = [s for s in targets if s.processor] or [s for s in running if s.processor]
         if not targets:
             return
         slot = targets[int(pick * len(targets))]
@@ -306,6 +318,14 @@ class Campaign:
             pause = ttl * (0.2 + 0.4 * spread if within else 1.5 + spread)
             slot.stopped_until = time.monotonic() + pause
             entry["window"] = self.in_window(slot)
+            return self.live(slot)
+        if kind in PROCESSOR_KINDS:
+            mode = {"processor_500": "error_500", "processor_down": "down"}.get(
+                kind, "timeout_after_commit"
+            )
+            times = 1 if mode == "timeout_after_commit" else 1 + int(spread * 3)
+            url = self.processors[slot.processor]
+            inject_fault(url, mode, times=times, delay=holder_module.PROCESSOR_TIMEOUT + 0.3)
             return self.live(slot)
         if kind == "sink_cut":
             pid = self.state[slot.index * FIELDS + 2]
@@ -566,8 +586,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--kinds",
-        default=",".join(PROCESS_KINDS + TCP_KINDS),
-        help="the fault kinds to choose from, comma-separated",
+        default="",
+        help="the fault kinds to choose from, comma-separated (default: every kind; the "
+        "processor's with --processor-groups)",
     )
     parser.add_argument(
         "--private-pg",
@@ -585,7 +606,7 @@ def main(argv: list[str]) -> int:
         private_pg=args.private_pg,
         ttl=args.ttl,
         groups=args.groups,
-        kinds=tuple(args.kinds.split(",")),
+        kinds=tuple(k for k in args.kinds.split(",") if k),
         drain=args.drain,
         processor_groups=args.processor_groups,
     )
