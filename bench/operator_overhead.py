@@ -419,14 +419,17 @@ def _backend_cpu_ms(pid: int, *, threads: bool = False) -> float:
         return math.nan
 
 
-def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> dict[str, float]:
-    """p50 and p99 of ``values`` (and their mean), rounded for the JSON line."""
+def spread(
+    values: Sequence[float], digits: int = 2, *, mean: bool = False
+) -> dict[str, float | None]:
+    """p50 and p99 of ``values`` (and their mean), rounded for the JSON line; None for each
+    when there are no values."""
     figures = {
-        "p50": round(percentile(values, 0.5), digits),
-        "p99": round(percentile(values, 0.99), digits),
+        "p50": rounded(percentile(values, 0.5), digits),
+        "p99": rounded(percentile(values, 0.99), digits),
     }
     if mean:
-        figures["mean"] = round(statistics.fmean(values), digits)
+        figures["mean"] = rounded(statistics.fmean(values), digits) if values else None
     return figures
 
 
