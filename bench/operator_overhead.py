@@ -192,6 +192,7 @@ class Bench:
         min_heartbeat_interval: int = 1,
         profile_dir: str | None = None,
         executor: str = "local",
+        core_parallelism: int | None = None,
     ) -> None:
         self.admin_dsn = admin_dsn
         self.executor = executor
@@ -209,6 +210,7 @@ class Bench:
         self.stall_s = max(0.5, min_heartbeat_interval / 2)
         self.schedulers = schedulers
         self.parallelism = parallelism
+        self._core_parallelism = core_parallelism
         self.profile_dir = profile_dir
         self.use_pgbouncer = pgbouncer
         self.pooler: PgBouncer | None = None
@@ -276,7 +278,10 @@ class Bench:
 
     @property
     def core_parallelism(self) -> int:
-        """``[core] parallelism``: the slots, twice them on Celery (see ``__init__``)."""
+        """``[core] parallelism``: as given, else the slots, twice them on Celery (see
+        ``__init__``)."""
+        if self._core_parallelism is not None:
+            return self._core_parallelism
         return self.parallelism if self.celery is None else 2 * self.slots
 
     def _parsed(self, dag_id: str) -> bool:
@@ -670,7 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--agent", action="store_true", help="tasks send lease statements to a lease agent"
     )
     parser.add_argument(
-        "--parallelism", type=int, default=8, help="[core] parallelism: tasks running at once"
+        "--parallelism",
+        type=int,
+        default=8,
+        help="tasks running at once: LocalExecutor's workers ([core] parallelism), or the "
+        "Celery workers' slots together",
     )
     parser.add_argument(
         "--executor",
@@ -679,6 +688,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="LocalExecutor, or CeleryExecutor: two `airflow celery worker` processes sharing "
         "--parallelism slots, the machine's Redis as broker, the metadata database as result "
         "backend",
+    )
+    parser.add_argument(
+        "--core-parallelism",
+        type=int,
+        help="[core] parallelism, the tasks the scheduler may have queued or running (default: "
+        "--parallelism; on Celery twice it, so tasks wait at the broker for a freed slot)",
     )
     parser.add_argument(
         "--schedulers", type=int, choices=(1, 2), default=1, help="schedulers to start"
@@ -710,6 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_heartbeat_interval=args.min_heartbeat_interval,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
         executor=args.executor,
+        core_parallelism=args.core_parallelism,
     )
     # SIGTERM ends the run through the finally below, which stops the stack it started
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
