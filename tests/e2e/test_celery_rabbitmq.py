@@ -37,7 +37,7 @@ def celery(rabbitmq_celery_airflow: CeleryHarness) -> Iterator[CeleryHarness]:
 
 def _redelivered(celery: CeleryHarness) -> int:
     """How many re-delivered messages the workers turned away (Airflow refused to start a try
-    that is already running)."""
+    that is already running), as their logs since each worker's last start say."""
     return sum(
         (celery.stack.home / f"{w}.log")
         .read_text(errors="replace")
@@ -60,11 +60,16 @@ def test_rabbitmq_restarted_mid_run(celery: CeleryHarness) -> None:
     in its queue (``celery_scenarios.broker_restarted_mid_run``). Its queue is durable, so
     nothing queued is lost (unlike Redis here); the running tries' messages were not
     acknowledged, so they are handed out again once the workers reconnect, while the tries
-    still run."""
-    before = _redelivered(celery)
+    still run.
+
+    Seen on 2026-12-02 (one run): no customer missed by any variant, the protected and tagged
+    ones each charged once; plain Airflow's running ``unprotected`` try got a second try that
+    charged all 340 customers again (680 charges), the other plain runs did not. That the
+    re-delivery turns into a second try only sometimes is why the plain twins are not asserted
+    here: the test proves the protected variants right on the road, not how often Airflow errs.
+    """
     runs = broker_restarted_mid_run(celery)
-    redelivered = _redelivered(celery) - before
-    print(f"re-delivered messages turned away: {redelivered}")
+    print(f"re-delivered messages turned away: {_redelivered(celery)}")
     for run in runs:
         got = tally(celery, run.business_date)
         assert got.missing == 0, f"{run.variant}: {got.summary()}"
