@@ -115,6 +115,7 @@ class CeleryConfig:
         """True when ``worker`` answers a remote-control ping through the broker (it consumes
         from it). Needs the Celery extra and a claimed broker."""
         from celery import Celery
+        from kombu.exceptions import OperationalError
 
         app = Celery(broker=self.broker_url)
         try:
@@ -122,7 +123,7 @@ class CeleryConfig:
                 replies = app.control.ping(
                     destination=[self.node_name(worker)], timeout=timeout, connection=conn
                 )
-        except OSError:
+        except (OSError, OperationalError):
             return False  # the broker is down: no worker consumes from it
         finally:
             app.close()
