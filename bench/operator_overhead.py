@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/operator_overhead.py [--tasks 500] [--batch 50] [--parallelism 8]
                                                 [--pgbouncer | --agent] [--profile DIR]
+                                                [--executor local|celery]
 
 One Airflow stack on fresh databases runs batches of the same mapped no-op task, protected and
 with the plugin switched off, alternating, and prints side by side the time the plugin adds
@@ -35,6 +36,7 @@ from typing import Any
 import psycopg
 
 from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.demo.celery_workers import WORKERS, CeleryConfig
 from airflow_plugins.demo.deployment import (
     LEASE_CONN_ID,
     airflow_uri,
@@ -189,13 +191,26 @@ class Bench:
         schedulers: int = 1,
         min_heartbeat_interval: int = 1,
         profile_dir: str | None = None,
+        executor: str = "local",
+        core_parallelism: int | None = None,
     ) -> None:
         self.admin_dsn = admin_dsn
+        self.executor = executor
+        # CeleryExecutor: two workers sharing the slots; the scheduler may send twice as many
+        # tasks as there are slots, so a freed slot's next task already waits at the broker
+        # (a LocalExecutor slot's next task waits in the executor's own queue): a slot's cycle
+        # is then the task's, not the scheduler's loop seeing the end through the result backend
+        self.celery = (
+            CeleryConfig(workers=WORKERS, concurrency=math.ceil(parallelism / len(WORKERS)))
+            if executor == "celery"
+            else None
+        )
         self.min_heartbeat_interval = min_heartbeat_interval
         # a gap on a slot longer than this holds a supervisor exit wait (normal gaps: < 0.1 s)
         self.stall_s = max(0.5, min_heartbeat_interval / 2)
         self.schedulers = schedulers
         self.parallelism = parallelism
+        self._core_parallelism = core_parallelism
         self.profile_dir = profile_dir
         self.use_pgbouncer = pgbouncer
         self.pooler: PgBouncer | None = None
@@ -238,19 +253,36 @@ class Bench:
                 "EO_BENCH_TIMINGS": str(self.timings_dir),
                 "AIRFLOW__EXACTLY_ONCE__ENABLED": "True",
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-                "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+                "AIRFLOW__CORE__PARALLELISM": str(self.core_parallelism),
                 "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(self.min_heartbeat_interval),
             }
             | ({"EO_BENCH_PROFILE": self.profile_dir} if self.profile_dir else {})
             | agent_env,
             port_base=self.port_base,
             schedulers=self.schedulers,
+            celery=self.celery,
         )
-        say(f"starting Airflow on ports {self.port_base}-{self.port_base + 7}")
+        last_port = self.port_base + 7 + len(self.stack.workers)
+        say(f"starting Airflow ({self.executor} executor) on ports {self.port_base}-{last_port}")
         self.stack.start(timeout=300)
         self.api = AirflowApi(self.stack.base_url, ADMIN_USER, self.stack.passwords[ADMIN_USER])
         for dag_id in (PROTECTED, PLAIN):
             wait_until(functools.partial(self._parsed, dag_id), timeout=300, what=f"DAG {dag_id}")
+
+    @property
+    def slots(self) -> int:
+        """Tasks that can run at once: LocalExecutor's workers, or the Celery pool processes."""
+        if self.celery is None:
+            return self.parallelism
+        return self.celery.concurrency * len(self.celery.workers)
+
+    @property
+    def core_parallelism(self) -> int:
+        """``[core] parallelism``: as given, else the slots, twice them on Celery (see
+        ``__init__``)."""
+        if self._core_parallelism is not None:
+            return self._core_parallelism
+        return self.parallelism if self.celery is None else 2 * self.slots
 
     def _parsed(self, dag_id: str) -> bool:
         assert self.api is not None
@@ -305,7 +337,7 @@ class Bench:
     def timings(self) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
         """(dag_id, run_id) -> map index -> the task's stopwatch: ``plugin`` (seconds in the
         plugin), ``execute`` (execute minus body), each hook's seconds, and ``slot_pid`` (its
-        LocalExecutor worker)."""
+        executor slot: the LocalExecutor worker or Celery pool process its supervisor runs in)."""
         found: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
         for path in self.timings_dir.glob("*.json"):
             row = json.loads(path.read_text())
@@ -392,14 +424,17 @@ def _backend_cpu_ms(pid: int, *, threads: bool = False) -> float:
         return math.nan
 
 
-def spread(values: Sequence[float], digits: int = 2, *, mean: bool = False) -> dict[str, float]:
-    """p50 and p99 of ``values`` (and their mean), rounded for the JSON line."""
+def spread(
+    values: Sequence[float], digits: int = 2, *, mean: bool = False
+) -> dict[str, float | None]:
+    """p50 and p99 of ``values`` (and their mean), rounded for the JSON line; None for each
+    when there are no values."""
     figures = {
-        "p50": round(percentile(values, 0.5), digits),
-        "p99": round(percentile(values, 0.99), digits),
+        "p50": rounded(percentile(values, 0.5), digits),
+        "p99": rounded(percentile(values, 0.99), digits),
     }
     if mean:
-        figures["mean"] = round(statistics.fmean(values), digits)
+        figures["mean"] = rounded(statistics.fmean(values), digits) if values else None
     return figures
 
 
@@ -419,21 +454,31 @@ def bootstrap_ratio(pairs: Sequence[Sequence[float]], rounds: int = 10_000) -> t
 
 
 def pooled_ratio(pairs: Sequence[Sequence[float]]) -> float:
-    """plain over protected, pooled over ``pairs`` (see ``bootstrap_ratio``)."""
-    protected = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
-    plain = sum(p[2] for p in pairs) / sum(p[3] for p in pairs)
+    """plain over protected, pooled over ``pairs`` (see ``bootstrap_ratio``); NaN when a kind
+    has nothing counted (no slot ran two tasks of a batch back to back)."""
+    counts = sum(p[1] for p in pairs), sum(p[3] for p in pairs)
+    if not all(counts):
+        return math.nan
+    protected = sum(p[0] for p in pairs) / counts[0]
+    plain = sum(p[2] for p in pairs) / counts[1]
     return plain / protected
+
+
+def rounded(value: float, digits: int = 4) -> float | None:
+    """``value`` rounded for the JSON line; None for NaN (a figure that could not be taken)."""
+    return None if math.isnan(value) else round(value, digits)
 
 
 def slot_cycles(
     batch: dict[str, Any], tasks: dict[int, dict[str, float]], stall_s: float
-) -> tuple[list[float], list[float], int]:
+) -> tuple[list[float], list[float], int, int]:
     """One batch's cycles on its executor slots: for each task followed by another on the
-    same LocalExecutor worker, the time from its start to that next start (its own slot time,
-    its process's exit, the supervisor's report, the scheduler's hand-over and the next task's
-    start). Returns the cycles, the idle gaps (next start - this end) of those cycles, and how
-    many were left out because their gap held Airflow's supervisor exit wait (a gap above
-    ``stall_s``; see the module's docstring)."""
+    same executor slot (LocalExecutor worker, Celery pool process), the time from its start
+    to that next start (its own slot time, its process's exit, the supervisor's report, the
+    hand-over and the next task's start). Returns the cycles, the idle gaps (next start - this
+    end) of those cycles, how many were left out because their gap held Airflow's supervisor
+    exit wait (a gap above ``stall_s``; see docs/benchmarks.md), and the slots the batch ran
+    on."""
     by_slot: dict[float, list[tuple[float, float]]] = {}
     for index, span in batch["spans"].items():
         by_slot.setdefault(tasks[index]["slot_pid"], []).append(span)
@@ -448,7 +493,7 @@ def slot_cycles(
             else:
                 cycles.append(next_start - start)
                 gaps.append(next_start - end)
-    return cycles, gaps, stalls
+    return cycles, gaps, stalls, len(by_slot)
 
 
 def summarise(
@@ -463,15 +508,17 @@ def summarise(
     }
     parts_ms: dict[str, list[float]] = {}
     cycles: dict[str, dict[str, Any]] = {
-        d: {"cycles": [], "gaps": [], "stalls": 0, "per_batch": []} for d in (PROTECTED, PLAIN)
+        d: {"cycles": [], "gaps": [], "stalls": 0, "per_batch": [], "slots": []}
+        for d in (PROTECTED, PLAIN)
     }
     for b in counted:
         by_index = inside.get((b["dag_id"], b["run_id"]), {})
         tasks = list(by_index.values())
         if len(tasks) != bench.batch:
             raise RuntimeError(f"{b['run_id']}: {len(tasks)} timing rows for {bench.batch} tasks")
-        batch_cycles, gaps, stalls = slot_cycles(b, by_index, bench.stall_s)
+        batch_cycles, gaps, stalls, slots = slot_cycles(b, by_index, bench.stall_s)
         kind = cycles[b["dag_id"]]
+        kind["slots"].append(slots)
         kind["cycles"].extend(batch_cycles)
         kind["gaps"].extend(gaps)
         kind["stalls"] += stalls
@@ -504,7 +551,10 @@ def summarise(
         )
     ]
     cycle_ratio = pooled_ratio(cycle_pairs)
-    cycle_low, cycle_high = bootstrap_ratio(cycle_pairs)
+    # no interval for a ratio that could not be taken (a kind without a counted cycle)
+    cycle_low, cycle_high = (
+        (math.nan, math.nan) if math.isnan(cycle_ratio) else bootstrap_ratio(cycle_pairs)
+    )
     low, high = bootstrap_ratio(pairs)
     per_pair = [p / q for q, _, p, _ in pairs]
     mean = statistics.fmean(per_pair)
@@ -516,8 +566,13 @@ def summarise(
         else "lease agent"
         if bench.use_agent
         else "direct",
+        "executor": bench.executor,
+        "celery_workers": None
+        if bench.celery is None
+        else {"workers": len(bench.celery.workers), "slots_each": bench.celery.concurrency},
         "tasks_per_kind": len(added),
         "parallelism": bench.parallelism,
+        "core_parallelism": bench.core_parallelism,
         "schedulers": bench.schedulers,
         "batch": bench.batch,
         "pairs": len(pairs),
@@ -570,15 +625,16 @@ def summarise(
         "slot_cycle_ms": {
             kind: spread([c * 1000 for c in cycles[d]["cycles"]], 1, mean=True)
             | {
-                "idle_gap_p50": round(percentile(cycles[d]["gaps"], 0.5) * 1000, 1),
+                "idle_gap_p50": rounded(percentile(cycles[d]["gaps"], 0.5) * 1000, 1),
                 "cycles": len(cycles[d]["cycles"]),
                 "supervisor_exit_waits": cycles[d]["stalls"],
+                "slots_per_batch_max": max(cycles[d]["slots"]),
             }
             for kind, d in (("protected", PROTECTED), ("plain", PLAIN))
         },
         "supervisor_exit_wait_s": bench.min_heartbeat_interval,
-        "slot_cycle_ratio": round(cycle_ratio, 4),
-        "slot_cycle_ratio_ci95_bootstrap": [round(cycle_low, 4), round(cycle_high, 4)],
+        "slot_cycle_ratio": rounded(cycle_ratio),
+        "slot_cycle_ratio_ci95_bootstrap": [rounded(cycle_low), rounded(cycle_high)],
         "lease_store_server_cpu_ms": None if server_cpu is None else spread(server_cpu, mean=True),
         "throughput_ratio": round(ratio, 4),
         "throughput_ratio_ci95_bootstrap": [round(low, 4), round(high, 4)],
@@ -591,8 +647,12 @@ def summarise(
         # each ratio: its point estimate and its interval's low end
         "throughput_ratio": ratio >= TARGETS["throughput_ratio"],
         "throughput_ratio_ci95_low": low >= TARGETS["throughput_ratio"],
-        "slot_cycle_ratio": cycle_ratio >= TARGETS["throughput_ratio"],
-        "slot_cycle_ratio_ci95_low": cycle_low >= TARGETS["throughput_ratio"],
+        "slot_cycle_ratio": None
+        if math.isnan(cycle_ratio)
+        else cycle_ratio >= TARGETS["throughput_ratio"],
+        "slot_cycle_ratio_ci95_low": None
+        if math.isnan(cycle_low)
+        else cycle_low >= TARGETS["throughput_ratio"],
     }
     return figures
 
@@ -615,7 +675,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--agent", action="store_true", help="tasks send lease statements to a lease agent"
     )
     parser.add_argument(
-        "--parallelism", type=int, default=8, help="[core] parallelism: tasks running at once"
+        "--parallelism",
+        type=int,
+        default=8,
+        help="tasks running at once: LocalExecutor's workers ([core] parallelism), or the "
+        "Celery workers' slots together",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "celery"),
+        default="local",
+        help="LocalExecutor, or CeleryExecutor: two `airflow celery worker` processes sharing "
+        "--parallelism slots, the machine's Redis as broker, the metadata database as result "
+        "backend",
+    )
+    parser.add_argument(
+        "--core-parallelism",
+        type=int,
+        help="[core] parallelism, the tasks the scheduler may have queued or running (default: "
+        "--parallelism; on Celery twice it, so tasks wait at the broker for a freed slot)",
     )
     parser.add_argument(
         "--schedulers", type=int, choices=(1, 2), default=1, help="schedulers to start"
@@ -646,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedulers=args.schedulers,
         min_heartbeat_interval=args.min_heartbeat_interval,
         profile_dir=os.path.abspath(args.profile) if args.profile else None,
+        executor=args.executor,
+        core_parallelism=args.core_parallelism,
     )
     # SIGTERM ends the run through the finally below, which stops the stack it started
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -71,10 +71,14 @@ def mean_interval(values: Sequence[float]) -> dict[str, Any]:
 
 
 def summarise(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Each way to the store (direct, PgBouncer, agent): every figure per run, and its mean."""
+    """Each way to the store (direct, PgBouncer, agent; on Celery named so, ``direct on
+    celery``): every figure per run, and its mean."""
     by_way: dict[str, list[dict[str, Any]]] = {}
     for result in results:
-        by_way.setdefault(str(result["lease_store_via"]), []).append(result)
+        way = str(result["lease_store_via"])
+        if result.get("executor", "local") != "local":
+            way += f" on {result['executor']}"
+        by_way.setdefault(way, []).append(result)
     summary: dict[str, Any] = {}
     for way, runs in sorted(by_way.items()):
         figures: dict[str, Any] = {}

@@ -40,6 +40,7 @@ class CeleryConfig:
         broker: ``redis`` (the machine's Redis, a database number per stack) or ``rabbitmq``.
         concurrency: task slots of each worker.
         redis_port: the Redis server's port on 127.0.0.1 (default: the machine's, 6379).
+        rabbitmq_url: the RabbitMQ broker's URL (default: the machine's, its ``/`` vhost).
         visibility_timeout: seconds Redis waits for an unacknowledged message before handing
             it out again (None: Airflow's default, a day).
         extra_env: more settings for every component.
@@ -51,6 +52,7 @@ class CeleryConfig:
     visibility_timeout: int | None = None
     extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
     redis_port: int = REDIS_PORT
+    rabbitmq_url: str = RABBITMQ_URL
     redis_db: int | None = None
 
     def node_name(self, worker: str) -> str:
@@ -64,7 +66,7 @@ class CeleryConfig:
             BrokerUnavailable: Redis did not answer, or every database number is claimed.
         """
         if self.broker == "rabbitmq":
-            return RABBITMQ_URL
+            return self.rabbitmq_url
         if self.broker != "redis":
             raise ValueError(f"broker must be redis or rabbitmq, not {self.broker!r}")
         import redis
@@ -87,7 +89,7 @@ class CeleryConfig:
     def broker_url(self) -> str:
         """The broker URL of a claimed broker."""
         if self.broker == "rabbitmq":
-            return RABBITMQ_URL
+            return self.rabbitmq_url
         if self.redis_db is None:
             raise BrokerUnavailable("no Redis database claimed yet")
         return f"redis://{REDIS_HOST}:{self.redis_port}/{self.redis_db}"
@@ -108,6 +110,24 @@ class CeleryConfig:
         finally:
             client.close()
         self.redis_db = None
+
+    def answers_ping(self, worker: str, timeout: float = 1.0) -> bool:
+        """True when ``worker`` answers a remote-control ping through the broker (it consumes
+        from it). Needs the Celery extra and a claimed broker."""
+        from celery import Celery
+        from kombu.exceptions import OperationalError
+
+        app = Celery(broker=self.broker_url)
+        try:
+            with app.connection_for_write() as conn:
+                replies = app.control.ping(
+                    destination=[self.node_name(worker)], timeout=timeout, connection=conn
+                )
+        except (OSError, OperationalError):
+            return False  # the broker is down: no worker consumes from it
+        finally:
+            app.close()
+        return bool(replies)
 
     def env(self, sqlalchemy_url: str) -> dict[str, str]:
         """The Airflow settings of every component for this Celery setup."""

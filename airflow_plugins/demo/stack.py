@@ -314,12 +314,18 @@ class AirflowStack:
         )
 
     def worker_ready(self, name: str) -> bool:
-        """True once Celery worker ``name`` consumes from the broker (its log says so)."""
+        """True once Celery worker ``name`` consumes from the broker: its log says so, or
+        (when Airflow's logging is quieter than INFO, where Celery says it) it answers a
+        ping sent through the broker."""
+        if self.celery is None:
+            return False
         log = self.home / f"{name}.log"
         try:
-            return " ready." in log.read_text(errors="replace")
+            if " ready." in log.read_text(errors="replace"):
+                return True
         except FileNotFoundError:
             return False
+        return self.celery.answers_ping(name)
 
     def start_component(
         self, name: str, *args: str, env: Mapping[str, str] | None = None

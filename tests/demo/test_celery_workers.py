@@ -59,3 +59,18 @@ def test_the_settings_are_celery_executors_on_the_claimed_broker() -> None:
     assert all(n.startswith(("w1@", "w2@")) for n in names)
     rabbit = CeleryConfig(broker="rabbitmq")
     assert rabbit.env("x")["AIRFLOW__CELERY__BROKER_URL"].startswith("amqp://")
+
+
+@pytest.mark.skipif(not _redis_up(), reason="no Redis on 127.0.0.1:6379 (scripts/services)")
+def test_a_worker_that_does_not_consume_does_not_answer_the_ready_ping(
+    configs: list[CeleryConfig],
+) -> None:
+    """The stack's ready check when Celery's INFO line is not logged: a ping through the broker.
+    Nobody consumes from a freshly claimed database, and a broker that is down answers for
+    nobody (a worker answering is what every stack start on Celery waits for)."""
+    config = CeleryConfig()
+    configs.append(config)
+    config.claim_broker("ping-test")
+    assert config.answers_ping("worker-a") is False
+    down = CeleryConfig(redis_port=1, redis_db=1)
+    assert down.answers_ping("worker-a") is False

@@ -31,7 +31,6 @@ from tests.e2e.billing_runs import (
     PROTECTED,
     TASK,
     UNPROTECTED,
-    BillingRun,
     assert_double_charged,
     assert_exactly_once,
     audit,
@@ -43,8 +42,15 @@ from tests.e2e.billing_runs import (
     trigger,
     wait_charging,
 )
+from tests.e2e.celery_scenarios import (
+    broker_restarted_mid_run,
+    grant_workers,
+    on_worker_a,
+    report,
+    worker_killed_mid_task,
+)
 from tests.harness.airflow_harness import pid_alive, signal_pids, wait_for
-from tests.harness.celery_harness import CeleryHarness, celery_airflow
+from tests.harness.celery_harness import CeleryHarness, celery_airflow, each_test
 
 __all__ = ["celery_airflow"]
 
@@ -64,50 +70,7 @@ REDELIVERY_FAILS_THE_RUNNING_TRY = pytest.mark.xfail(
 @pytest.fixture
 def celery(celery_airflow: CeleryHarness) -> Iterator[CeleryHarness]:
     """The module's Celery stack, both schedulers and both workers running around each test."""
-    celery_airflow.ensure_schedulers()
-    celery_airflow.ensure_workers()
-    yield celery_airflow
-    celery_airflow.ensure_workers()
-
-
-def _report(airflow: CeleryHarness, runs: dict[str, BillingRun]) -> None:
-    for variant, run in runs.items():
-        print(
-            f"{variant}: {tries(airflow, run)} tries; {tally(airflow, run.business_date).summary()}"
-        )
-    for variant in PROTECTED:
-        print(f"audit of {runs[variant].key}:\n{describe_audit(audit(airflow, runs[variant]))}")
-
-
-def _grant_workers(airflow: CeleryHarness, run: BillingRun) -> dict[int, str | None]:
-    """Try number -> the Celery worker named by the holder its lease was granted to."""
-    return {
-        (r["holder"] or {}).get("try_number"): (r["holder"] or {}).get("worker")
-        for r in audit(airflow, run)
-        if r["event"] == "acquire" and r["outcome"] in ("granted", "taken_over")
-    }
-
-
-def _dispatched(airflow: CeleryHarness, run: BillingRun) -> bool:
-    """True once a task instance of ``run`` was handed to the executor (queued, or past it)."""
-    return any(
-        ti.get("state") in ("queued", "running", "success")
-        for ti in airflow.client().task_instances(run.dag_id, run.run_id)
-    )
-
-
-def _on_worker_a(airflow: CeleryHarness, delay: float) -> dict[str, BillingRun]:
-    """Starts the four runs with only worker-a consuming; returns once all four run there
-    (worker-b is running again on return)."""
-    airflow.stack.stop_component("worker-b", timeout=20.0)
-    try:
-        runs = start_all(airflow, delay)
-        for run in runs.values():
-            procs = airflow.wait_for_task_processes(run.dag_id, run.run_id, TASK)
-            assert airflow.worker_of(procs) == "worker-a"
-    finally:
-        airflow.restart_worker("worker-b")
-    return runs
+    yield from each_test(celery_airflow)
 
 
 def test_billing_run_on_celery_workers(celery: CeleryHarness) -> None:
@@ -115,14 +78,14 @@ def test_billing_run_on_celery_workers(celery: CeleryHarness) -> None:
     and the protected holders name the Celery worker they ran on."""
     runs = start_all(celery, 0.05)
     final = finish(celery, runs.values(), timeout=300)
-    _report(celery, runs)
+    report(celery, runs)
     assert {v: r["state"] for v, r in final.items()} == dict.fromkeys(runs, "success")
     for run in runs.values():
         assert_exactly_once(celery, run)
         assert tries(celery, run) == 1
     nodes = {celery.celery.node_name(w) for w in celery.stack.workers}
     for variant in PROTECTED:
-        workers = _grant_workers(celery, runs[variant])
+        workers = grant_workers(celery, runs[variant])
         assert workers[1] in nodes, f"the holder does not name its Celery worker: {workers}"
 
 
@@ -152,7 +115,7 @@ def test_task_outliving_the_visibility_timeout_is_redelivered_while_it_runs(
     """
     runs = start_all(celery, 150 / CUSTOMERS)
     final = finish(celery, runs.values(), timeout=480)
-    _report(celery, runs)
+    report(celery, runs)
     assert {v: r["state"] for v, r in final.items()} == dict.fromkeys(runs, "success")
     for run in runs.values():
         assert_exactly_once(celery, run)
@@ -164,29 +127,9 @@ def test_task_outliving_the_visibility_timeout_is_redelivered_while_it_runs(
 
 @pytest.mark.timeout(600)
 def test_worker_killed_mid_task_is_redelivered(celery: CeleryHarness) -> None:
-    """Worker-a and every process it runs are SIGKILLed mid-run (its machine is lost). Its
-    messages were not acknowledged (``task_acks_late``): Redis hands them out again after the
-    visibility timeout, and the scheduler fails the silent tries after the task heartbeat
-    timeout and retries them on worker-b. Plain Airflow's new try re-charges from the first
-    customer; the protected try takes the lease over and skips what the ledger holds."""
-    runs = _on_worker_a(celery, delay=0.1)
-    wait_charging(celery, runs.values(), at_least=30)
-    celery.signal_worker("worker-a", signal.SIGKILL)
-    final = finish(celery, runs.values(), timeout=420)
-    _report(celery, runs)
-
-    assert {v: r["state"] for v, r in final.items()} == dict.fromkeys(runs, "success")
-    for run in runs.values():
-        assert tries(celery, run) >= 2, f"{run.variant}: the lost try was never run again"
-    assert_double_charged(celery, runs["unprotected"])
-    for variant in PROTECTED:
-        assert_exactly_once(celery, runs[variant])
-    # the resumable plain task is right here: the lost try died with its worker, no overlap
-    assert tally(celery, runs["untagged"].business_date).missing == 0
-    workers = _grant_workers(celery, runs["protected"])
-    a, b = (celery.celery.node_name(w) for w in ("worker-a", "worker-b"))
-    assert workers[1] == a, describe_audit(audit(celery, runs["protected"]))
-    assert b in workers.values(), describe_audit(audit(celery, runs["protected"]))
+    """Worker-a SIGKILLed mid-run with Redis as broker (``celery_scenarios``); Redis hands its
+    unacknowledged messages out again after the visibility timeout."""
+    worker_killed_mid_task(celery)
 
 
 @pytest.mark.timeout(600)
@@ -194,7 +137,7 @@ def test_frozen_worker_past_its_lease_is_refused_after_resume(celery: CeleryHarn
     """Worker-a and everything it runs are SIGSTOPped past the lease (10 s) and the task
     heartbeat timeout (20 s): Airflow fails the tries, worker-b runs try 2 with a higher token;
     then worker-a is resumed. No write of the resumed old try gets through the protected sink."""
-    runs = _on_worker_a(celery, delay=0.1)
+    runs = on_worker_a(celery, delay=0.1)
     old = {v: celery.wait_for_task_processes(r.dag_id, r.run_id, TASK) for v, r in runs.items()}
     wait_charging(celery, runs.values(), at_least=30)
     frozen = celery.signal_worker("worker-a", signal.SIGSTOP)
@@ -216,7 +159,7 @@ def test_frozen_worker_past_its_lease_is_refused_after_resume(celery: CeleryHarn
         what="the resumed old task processes to end",
     )
     final = finish(celery, runs.values(), timeout=300)
-    _report(celery, runs)
+    report(celery, runs)
 
     after = {
         v: sum(
@@ -235,7 +178,7 @@ def test_frozen_worker_past_its_lease_is_refused_after_resume(celery: CeleryHarn
     tagged = tally(celery, runs["tagged"].business_date)
     assert tagged.missing == 0, tagged.summary()
     assert after["tagged"] <= 1, "self-fencing let more than the write in flight through"
-    workers = _grant_workers(celery, runs["protected"])
+    workers = grant_workers(celery, runs["protected"])
     assert workers[1] == celery.celery.node_name("worker-a"), workers
     assert workers[2] == celery.celery.node_name("worker-b"), workers
 
@@ -256,7 +199,7 @@ def test_running_task_cleared_on_celery(celery: CeleryHarness) -> None:
     for run in runs.values():
         celery.clear_task(run.dag_id, run.run_id, TASK)
     final = finish(celery, runs.values(), timeout=360)
-    _report(celery, runs)
+    report(celery, runs)
     assert {v: r["state"] for v, r in final.items()} == dict.fromkeys(runs, "success")
     for run in runs.values():
         assert tries(celery, run) >= 2, f"{run.variant}: the clear did not start a new try"
@@ -267,7 +210,7 @@ def test_running_task_cleared_on_celery(celery: CeleryHarness) -> None:
     assert len(got.writers) >= 2, f"the new try charged nothing: {got.summary()}"
     nodes = {celery.celery.node_name(w) for w in celery.stack.workers}
     for variant in PROTECTED:
-        workers = _grant_workers(celery, runs[variant])
+        workers = grant_workers(celery, runs[variant])
         assert set(workers) >= {1, 2}, describe_audit(audit(celery, runs[variant]))
         assert set(workers.values()) <= nodes, f"{variant}: holders {workers}"
 
@@ -279,14 +222,19 @@ def test_same_business_date_triggered_twice_on_celery(celery: CeleryHarness) -> 
     task's acquire is ``held`` (it defers, freeing its worker slot), then finds the key
     succeeded and returns the first run's result without charging. Plain Airflow charges every
     customer again: two DAG runs are two task instances, none of Airflow's checks relates them.
-    The audit names the Celery worker of each holder, the first run's and the second's."""
-    first = start_all(celery, 0.05)
+    The first runs' tries run on worker-a; it is then drained (it stops taking tasks) so that
+    every try of the second runs is on worker-b: the audit names a holder on each worker."""
+    first = on_worker_a(celery, 0.05)
     wait_charging(celery, first.values(), at_least=20)
-    second = {v: trigger(celery, v, r.business_date, 0.05) for v, r in first.items()}
-    final = finish(celery, [*first.values(), *second.values()], timeout=360)
-    _report(celery, first)
+    celery.consume("worker-a", on=False)
+    try:
+        second = {v: trigger(celery, v, r.business_date, 0.05) for v, r in first.items()}
+        final = finish(celery, [*first.values(), *second.values()], timeout=360)
+    finally:
+        celery.consume("worker-a", on=True)
+    report(celery, first)
     assert all(r["state"] == "success" for r in final.values()), final
-    nodes = {celery.celery.node_name(w) for w in celery.stack.workers}
+    a, b = (celery.celery.node_name(w) for w in ("worker-a", "worker-b"))
     for variant in PROTECTED:
         got = assert_exactly_once(celery, first[variant])
         assert set(got.writers) == {"try1"}, got.summary()
@@ -299,9 +247,17 @@ def test_same_business_date_triggered_twice_on_celery(celery: CeleryHarness) -> 
         assert {first[variant].run_id, second_run} <= by_run, describe_audit(trail)
         turned_away = {r["outcome"] for r in acquires if r["holder"]["run_id"] == second_run}
         assert turned_away & {"held", "succeeded"}, describe_audit(trail)
-        workers = {(r["holder"] or {}).get("worker") for r in acquires}
-        print(f"{variant}: holders on {sorted(map(str, workers))}")
-        assert workers <= nodes, f"{variant}: a holder names no Celery worker: {workers}"
+        workers = {
+            run_id: {
+                (r["holder"] or {}).get("worker")
+                for r in acquires
+                if r["holder"]["run_id"] == run_id
+            }
+            for run_id in (first[variant].run_id, second_run)
+        }
+        print(f"{variant}: holders by run {workers}")
+        assert workers[first[variant].run_id] == {a}, describe_audit(trail)
+        assert workers[second_run] == {b}, describe_audit(trail)
     plain = tally(celery, first["unprotected"].business_date)
     assert plain.rows == 2 * CUSTOMERS, plain.summary()
     for variant in UNPROTECTED:
@@ -310,35 +266,10 @@ def test_same_business_date_triggered_twice_on_celery(celery: CeleryHarness) -> 
 
 @pytest.mark.timeout(600)
 def test_redis_restarted_mid_run_loses_no_customer(celery: CeleryHarness) -> None:
-    """Redis is restarted while four tries run on worker-a and four more runs were sent after
-    them (those worker-a's free slots did not take at once wait in its queue). This Redis
+    """Redis is restarted mid-run (``celery_scenarios.broker_restarted_mid_run``). This Redis
     keeps nothing on disk, so the queued messages are gone; the scheduler queues
     those task instances again after ``task_queued_timeout`` (30 s here, 600 s by default).
     Nothing is charged twice by any variant (a lost message runs nowhere) and no customer is
     missed: the road here is a missing run, which Airflow's queued timeout brings back."""
-    celery.stack.stop_component("worker-b", timeout=20.0)
-    try:
-        running = start_all(celery, 0.1)
-        for run in running.values():
-            celery.wait_for_task_processes(run.dag_id, run.run_id, TASK)
-        queued = start_all(celery, 0.02)
-        for run in queued.values():  # its first task sent to Redis (billing_nightly: prepare)
-            # worker-a's two free slots may take some of them at once: those run, the rest
-            # wait in the broker (a poll cannot always catch a message that short in it)
-            wait_for(
-                lambda run=run: _dispatched(celery, run),
-                timeout=120,
-                what=f"a task of {run.variant} to be sent to the broker",
-            )
-        wait_charging(celery, running.values(), at_least=20)
-        celery.redis.restart()
-    finally:
-        celery.restart_worker("worker-b")
-    runs = [*running.values(), *queued.values()]
-    final = finish(celery, runs, timeout=420)
-    for run in runs:
-        got = tally(celery, run.business_date)
-        print(f"{run.variant}: {tries(celery, run)} tries; {got.summary()}")
-    assert all(r["state"] == "success" for r in final.values()), final
-    for run in runs:
+    for run in broker_restarted_mid_run(celery):
         assert_exactly_once(celery, run)

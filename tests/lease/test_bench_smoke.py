@@ -7,6 +7,7 @@ timed assertions in the suite).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,28 @@ def test_runs_summary_puts_runs_side_by_side_by_way_to_the_store(tmp_path: Path)
     )
     assert bad.returncode == 2
     assert "not an operator_overhead.py result" in bad.stderr
+
+
+OPERATOR_OVERHEAD = Path(__file__).parents[2] / "bench" / "operator_overhead.py"
+
+
+def test_slot_cycles_without_a_back_to_back_task_give_no_ratio_not_an_error() -> None:
+    """On CeleryExecutor a slot may run no two tasks of a batch back to back (every gap longer
+    than an exit wait): the slot-cycle figures are null, where they raised ZeroDivisionError."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("operator_overhead", OPERATOR_OVERHEAD)
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    batch = {"spans": {0: (0.0, 1.0), 1: (3.0, 4.0), 2: (0.0, 1.0)}}
+    tasks = {0: {"slot_pid": 1.0}, 1: {"slot_pid": 1.0}, 2: {"slot_pid": 2.0}}
+    cycles, gaps, long_gaps, slots = bench.slot_cycles(batch, tasks, 0.5)
+    assert (cycles, gaps, long_gaps, slots) == ([], [], 1, 2)
+    assert math.isnan(bench.pooled_ratio([(0.0, 0, 2.0, 1)]))
+    assert bench.spread([], 1, mean=True) == {"p50": None, "p99": None, "mean": None}
+    assert bench.pooled_ratio([(2.0, 2, 1.0, 1)]) == 1.0
 
 
 ROUND_TRIPS = Path(__file__).parents[2] / "bench" / "round_trips.py"
