@@ -1,4 +1,4 @@
-"""The broker's roads on CeleryExecutor with RabbitMQ as broker (``slow``: not in CI).
+"""The broker's roads on CeleryExecutor with RabbitMQ as broker (``extended``: not in CI).
 
 The same stack as ``tests/e2e/test_celery.py`` (two schedulers, ``worker-a`` and ``worker-b``
 with 6 slots each, the metadata database as Celery's result backend) on a RabbitMQ node of the
@@ -6,7 +6,7 @@ module's own (``tests.harness.celery_harness.RabbitMqServer``: its own ports, no
 data folder, so restarting it restarts nobody else's broker). Each scenario runs the four
 billing variants at once and counts the rows in the billing database. Run them with
 
-    flock /tmp/eo-heavy.lock .venv/bin/python -m pytest tests/e2e/test_celery_rabbitmq.py -q
+    .venv/bin/python -m pytest tests/e2e/test_celery_rabbitmq.py -q -m extended
 
 RabbitMQ differs from Redis where these roads go through the broker: it hands an
 unacknowledged message out again as soon as the connection that had it closes (no visibility
@@ -26,7 +26,9 @@ from tests.harness.celery_harness import CeleryHarness, each_test, rabbitmq_cele
 
 __all__ = ["rabbitmq_celery_airflow"]
 
-pytestmark = [pytest.mark.celery, pytest.mark.slow]
+# about 4 minutes for the two: beside test_celery.py's Redis runs of the same scenarios, kept out
+# of the README's test command (the suite's time budget); run with -m extended
+pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.fixture
