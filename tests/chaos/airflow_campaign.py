@@ -53,11 +53,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import psycopg
 
@@ -180,7 +181,13 @@ class AirflowCampaign:
             "customers": self.customers,
             "charge_delay": self.delay,
         }
-        run = Run(self.api.trigger_dag_run(self.dag_id, conf), business_date, duplicate)
+        run_id = f"chaos__{business_date}__{len(self.runs):04d}"
+        try:
+            _rest(self.api.trigger_dag_run, self.dag_id, conf, run_id=run_id)
+        except AirflowApiError as exc:  # a retry of a trigger that got through: 409
+            if " 409" not in str(exc):
+                raise
+        run = Run(run_id, business_date, duplicate)
         self.runs.append(run)
         self.keys[str(lease_key(self.dag_id, TASK, business_date))] = business_date
         return run
@@ -217,7 +224,7 @@ class AirflowCampaign:
             if now >= due:
                 self.clears.remove((due, run))
                 with contextlib.suppress(AirflowApiError):
-                    self.airflow.clear_task(self.dag_id, run.run_id, TASK)
+                    _rest(self.api.clear_task, self.dag_id, run.run_id, TASK)
 
     # -- targets ------------------------------------------------------------------------------
 
@@ -316,9 +323,9 @@ class AirflowCampaign:
             entry["landed"] = self.plain or leases.get(target.business_date) == target.task
             try:
                 if kind == "clear":
-                    self.airflow.clear_task(self.dag_id, target.run_id, TASK)
+                    _rest(self.api.clear_task, self.dag_id, target.run_id, TASK)
                 else:
-                    self.api.set_task_state(self.dag_id, target.run_id, TASK, "failed")
+                    _rest(self.api.set_task_state, self.dag_id, target.run_id, TASK, "failed")
                     # the operator re-runs it a few seconds later
                     later = time.monotonic() + 2 + 4 * spread
                     self.clears.append((later, self.run_of(target.run_id)))
@@ -428,6 +435,13 @@ class AirflowCampaign:
             self.feed()
             if not self.inject():
                 time.sleep(0.3)
+            elif len(self.log) % 50 == 0:  # progress, on stderr (stdout ends with the verdict)
+                print(f"{len(self.log)} faults, {len(self.runs)} runs", file=sys.stderr)
+        self.settle()
+
+    def settle(self) -> None:
+        """The faults are over: routes healed, processes resumed, schedulers back; waits until
+        every run (first and duplicate) ended."""
         self.proxy.heal_all()
         for pid in list(self.stopped):
             _signal(pid, signal.SIGCONT)
@@ -466,6 +480,18 @@ class AirflowCampaign:
                     break
                 time.sleep(0.5)
         return outcomes
+
+
+def _rest(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls the REST API, again when the api-server dropped the connection (it does, loaded)."""
+    for attempt in range(6):
+        try:
+            return call(*args, **kwargs)
+        except httpx.TransportError:
+            if attempt == 5:
+                raise
+            time.sleep(1.0 + attempt)
+    return None
 
 
 def _signal(pid: int, sig: int) -> None:
