@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.chaos.checker import check
+from tests.chaos.checker import check, print_verdict, violations
 
 ROWS = (
     "SELECT id, business_date, customer, token, extract(epoch FROM charged_at)::float8"
@@ -100,15 +100,7 @@ def judge(
 
 def bad(report: dict[str, Any]) -> int:
     """How many violations the verdict holds (duplicates included)."""
-    return int(
-        report["duplicate_effects"]
-        + report["stale_writes_accepted"]
-        + report["items_missed"]
-        + report["keys_wedged"]
-        + report["processor_duplicates"]
-        + report["processor_items_missed"]
-        + report["dag_runs_not_success"]
-    )
+    return violations(report) + int(report["dag_runs_not_success"])
 
 
 def main(argv: list[str]) -> int:
@@ -133,9 +125,7 @@ def main(argv: list[str]) -> int:
         [run_id for run_id, _, _ in log["runs"]],
     )
     report = judge(rows, log, charges, states)
-    for kind, figures in report["by_fault"].items():
-        print(kind, json.dumps(figures))
-    print(json.dumps(report))
+    print_verdict(report)
     return int(bool(bad(report)))
 
 

@@ -24,6 +24,18 @@ from airflow_plugins.lease.fence import Fence
 from airflow_plugins.protection.config import sink_dsn
 from airflow_plugins.protection.operators import ExactlyOnceOperator
 
+# many short runs at once, each of a few customers, only the campaign's (no schedule)
+SHAPE: dict[str, Any] = {
+    "schedule": None,
+    "start_date": pendulum.datetime(2024, 1, 1, tz="UTC"),
+    "max_active_runs": 8,
+    "tags": ["billing", "chaos"],
+    "params": {
+        "charge_delay": Param(0.3, type="number", minimum=0),
+        "customers": Param(20, type="integer", minimum=1),
+    },
+}
+
 
 def charge(fence: Fence, count: int, delay: float, writer: str) -> dict[str, Any]:
     """Charges ``count`` customers at the payment processor, through the fence."""
@@ -32,14 +44,7 @@ def charge(fence: Fence, count: int, delay: float, writer: str) -> dict[str, Any
 
 with DAG(
     dag_id="chaos_billing",
-    schedule=None,
-    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
-    max_active_runs=8,
-    tags=["billing", "chaos"],
-    params={
-        "charge_delay": Param(0.3, type="number", minimum=0),
-        "customers": Param(20, type="integer", minimum=1),
-    },
+    **SHAPE,
     doc_md=__doc__,
 ):
     ExactlyOnceOperator(
@@ -60,14 +65,7 @@ with DAG(
 
 with DAG(
     dag_id="chaos_billing_plain",
-    schedule=None,
-    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
-    max_active_runs=8,
-    tags=["billing", "chaos"],
-    params={
-        "charge_delay": Param(0.3, type="number", minimum=0),
-        "customers": Param(20, type="integer", minimum=1),
-    },
+    **SHAPE,
 ):
 
     @task(task_id="charge", retries=12, retry_delay=pendulum.duration(seconds=2))
