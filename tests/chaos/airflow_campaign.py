@@ -144,7 +144,7 @@ class AirflowCampaign:
     in_flight: int = 5
     customers: int = 20
     delay: float = 0.4
-    gap: tuple[float, float] = (0.8, 2.2)
+    gap: tuple[float, float] = (0.5, 1.5)
     kinds: tuple[str, ...] = KINDS
     drain: float = 420.0
     server: EmbeddedPostgres | None = None  # the store's own server (``chaos_stack(private)``)
