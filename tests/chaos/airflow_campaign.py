@@ -156,6 +156,7 @@ class AirflowCampaign:
     clears: list[tuple[float, Run]] = field(default_factory=list)  # mark-failed, then clear
     scheduler_down: dict[str, float] = field(default_factory=dict)  # name -> when back
     last_scheduler_kill: int = -SCHEDULER_EVERY
+    clear_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(KINDS)
@@ -223,8 +224,10 @@ class AirflowCampaign:
         for due, run in list(self.clears):
             if now >= due:
                 self.clears.remove((due, run))
-                with contextlib.suppress(AirflowApiError):
+                try:
                     _rest(self.api.clear_task, self.dag_id, run.run_id, TASK)
+                except AirflowApiError as exc:  # kept for whoever explains a run left failed
+                    self.clear_errors.append(f"{run.run_id}: {str(exc)[:300]}")
 
     # -- targets ------------------------------------------------------------------------------
 
@@ -618,6 +621,7 @@ def campaign(
         "faults": run.log,
         "probe": probe,
         "processor_url": airflow.deployment.processor.url,
+        "clear_errors": run.clear_errors,
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(log, f)

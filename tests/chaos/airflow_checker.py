@@ -93,7 +93,7 @@ def judge(
         not_success=[[r, states[r]] for r in failed[:10]],
         charge_tries=sum(int(s["tries"]) for s in states.values() if s["tries"].isdigit()),
         charges=len(rows),
-        stack_start_s=log.get("stack_start_s"),
+        clear_errors=log.get("clear_errors", [])[:5],
     )
     return report
 
