@@ -77,6 +77,7 @@ from tests.chaos.airflow_checker import bad
 from tests.chaos.lease_campaign import ADMIN_DSN
 from tests.chaos.proxy import Proxy
 from tests.harness.airflow_harness import AirflowHarness
+from tests.harness.fixtures import keep_logs
 from tests.lease.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -517,6 +518,7 @@ class ChaosStack:
     airflow: AirflowHarness
     proxy: Proxy
     server: EmbeddedPostgres | None = None  # the store's and billing's own server, if private
+    keep_logs: bool = False  # a campaign found a violation: the stack's logs are kept
 
 
 @contextlib.contextmanager
@@ -533,6 +535,7 @@ def chaos_stack(admin_dsn: str = ADMIN_DSN, *, private_pg: bool = False) -> Iter
     shared = deployment.lease_dsn, deployment.sink_dsn
     server: EmbeddedPostgres | None = None
     proxy: Proxy | None = None
+    running: ChaosStack | None = None
     try:
         upstream = psycopg.conninfo.conninfo_to_dict(admin_dsn)
         if private_pg:
@@ -560,11 +563,14 @@ def chaos_stack(admin_dsn: str = ADMIN_DSN, *, private_pg: bool = False) -> Iter
         airflow.start()
         airflow.wait_for_dag(DAG_ID)
         airflow.wait_for_dag(PLAIN_DAG_ID)
-        yield ChaosStack(airflow, proxy, server)
+        running = ChaosStack(airflow, proxy, server)
+        yield running
     finally:
         if proxy is not None:
             proxy.stop()
         deployment.lease_dsn, deployment.sink_dsn = shared  # dropped with the stack
+        if running is not None and running.keep_logs:
+            print(f"the stack's logs: {keep_logs(airflow.stack.home)}", file=sys.stderr)
         airflow.stop()
         if server is not None:
             server.destroy()
@@ -626,6 +632,7 @@ def campaign(
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(log, f)
     user, password = airflow.admin
+    checked: subprocess.CompletedProcess[str] | None = None
     try:
         checked = subprocess.run(
             [
@@ -639,12 +646,18 @@ def campaign(
             env={**os.environ, "CHAOS_AIRFLOW_USER": user, "CHAOS_AIRFLOW_PASSWORD": password},
         )  # fmt: skip
     finally:
-        os.unlink(f.name)
+        kept = checked is not None and checked.returncode != 0 and not plain  # a violation
+        if kept:
+            stack.keep_logs = True
+        else:
+            os.unlink(f.name)
     print(checked.stdout, end="")
     if not checked.stdout.strip():
         raise RuntimeError(f"the checker printed nothing:\n{checked.stderr}")
     verdict: dict[str, Any] = json.loads(checked.stdout.strip().splitlines()[-1])
     verdict.update(seconds=seconds)
+    if kept:
+        verdict["campaign_log"] = f.name
     print(json.dumps(verdict), flush=True)
     return verdict
 

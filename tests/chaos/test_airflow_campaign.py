@@ -56,7 +56,7 @@ def test_the_checker_finds_double_charges_with_the_plugin_disabled(
     stack: ChaosStack,
 ) -> None:
     verdict: dict[str, Any] = campaign(
-        *stack, SEED, 8, plain=True, kinds=("task_sigkill", "supervisor_sigkill")
+        stack, SEED, 6, plain=True, kinds=("task_sigkill", "supervisor_sigkill"), customers=12
     )
     assert verdict["faults_landed"] > 0
     assert verdict["duplicate_effects"] > 0
