@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from tests.chaos.checker import check
+from tests.chaos.checker import check, print_verdict, violations
 
 ROWS = (
     "SELECT id, run_key, customer, token, extract(epoch FROM at)::float8"
@@ -71,14 +71,7 @@ def judge(
 
 def bad(report: dict[str, Any]) -> int:
     """How many violations the verdict holds (duplicates included)."""
-    return int(
-        report["duplicate_effects"]
-        + report["stale_writes_accepted"]
-        + report["items_missed"]
-        + report["keys_wedged"]
-        + report["workflows_not_completed"]
-        + report["extra_executions"]
-    )
+    return violations(report) + report["workflows_not_completed"] + report["extra_executions"]
 
 
 def main(argv: list[str]) -> int:
@@ -95,9 +88,7 @@ def main(argv: list[str]) -> int:
         ledger = int(conn.execute(LEDGER).fetchone()[0])  # type: ignore[index]
     temporal = asyncio.run(temporal_states(args.temporal, list(log["runs"])))
     report = judge(rows, ledger, log, temporal)
-    for kind, figures in report["by_fault"].items():
-        print(kind, json.dumps(figures))
-    print(json.dumps(report))
+    print_verdict(report)
     return int(bool(bad(report)))
 
 

@@ -156,6 +156,27 @@ def check(
     return report
 
 
+def violations(report: dict[str, Any]) -> int:
+    """The violations every campaign's verdict counts: duplicates (at the sink and the
+    processor), stale writes, missed items (both places), wedged keys, holders stuck."""
+    return int(
+        report["duplicate_effects"]
+        + report["stale_writes_accepted"]
+        + report["items_missed"]
+        + report["keys_wedged"]
+        + report["processor_duplicates"]
+        + report["processor_items_missed"]
+        + report["holders_stuck"]
+    )
+
+
+def print_verdict(report: dict[str, Any]) -> None:
+    """Prints one line per fault kind, then the verdict as one JSON line."""
+    for kind, figures in report["by_fault"].items():
+        print(kind, json.dumps(figures))
+    print(json.dumps(report))
+
+
 def main(argv: list[str]) -> int:
     """Prints the per-kind table, then the verdict as one JSON line; exit 1 on any violation."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -167,12 +188,8 @@ def main(argv: list[str]) -> int:
     with psycopg.connect(args.sink_dsn) as conn:
         rows = conn.execute(ROWS).fetchall()
     report = check(rows, log, processor_charges(log))
-    for kind, figures in report["by_fault"].items():
-        print(kind, json.dumps(figures))
-    print(json.dumps(report))
-    bad = report["stale_writes_accepted"] + report["items_missed"] + report["keys_wedged"]
-    bad += report["processor_items_missed"] + report["processor_duplicates"]
-    return int(bool(bad or report["duplicate_effects"] or report["holders_stuck"]))
+    print_verdict(report)
+    return int(bool(violations(report)))
 
 
 if __name__ == "__main__":

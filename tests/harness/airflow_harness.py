@@ -86,8 +86,9 @@ class AirflowHarness:
         *,
         extra_env: Mapping[str, str] | None = None,
         celery: CeleryConfig | None = None,
+        dag_folders: Mapping[str, Path] | None = None,
     ) -> None:
-        folders = {**DAG_FOLDERS, **EXTRA_DAG_FOLDERS}
+        folders = {**DAG_FOLDERS, **EXTRA_DAG_FOLDERS, **(dag_folders or {})}
         env = {**EXTRA_ENV, **(extra_env or {})}
         self.deployment = BillingDeployment(
             admin_dsn, dag_folders=folders, extra_env=env, celery=celery
