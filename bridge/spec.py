@@ -58,6 +58,7 @@ class TaskSpec:
         map_over: the upstream task whose list result this task is expanded over.
         map_arg: the keyword argument each mapped item is passed as.
         map_key_field: for dict items, the field that names the item in its lease key.
+        multiple_outputs: Airflow pushes each key of its dict result as an XCom of its own.
         timeout_s: start-to-close timeout of one attempt.
         heartbeat_s: heartbeat timeout: a silent worker is presumed dead after this long.
         lease_ttl_s: the task's lease TTL (renewed while it runs).
@@ -76,6 +77,7 @@ class TaskSpec:
     map_over: str | None = None
     map_arg: str = "item"
     map_key_field: str | None = None
+    multiple_outputs: bool = False
     timeout_s: float = 3600.0
     heartbeat_s: float = 30.0
     lease_ttl_s: float = 60.0
@@ -162,6 +164,8 @@ class TaskInput:
     upstream: dict[str, Any] = dataclasses.field(default_factory=dict)
     map_key: str | None = None
     map_value: Any = None
+    #: the XComs other than the return value its upstream tasks pushed: task id -> key -> value
+    upstream_xcoms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +182,7 @@ class TaskResult:
         captured: in shadow mode, the ledger items and rows its transactions wrote before the
             rollback.
         holder: for ``held``, who holds the lease.
+        xcoms: the XComs other than the return value it pushed (``multiple_outputs`` keys too).
     """
 
     status: str
@@ -188,6 +193,7 @@ class TaskResult:
     captured: dict[str, Any] = dataclasses.field(default_factory=dict)
     wait_s: float = 0.0
     holder: str | None = None
+    xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +206,7 @@ class TaskOutcome:
     duration_ms: int = 0
     keys: tuple[str, ...] = ()
     captured: dict[str, Any] = dataclasses.field(default_factory=dict)
+    xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,13 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
-from bridge.in_airflow.code_use import RETURN_KEY, callable_uses, is_mapped, template_uses
+from bridge.in_airflow.code_use import (
+    RETURN_KEY,
+    Use,
+    callable_uses,
+    is_mapped,
+    template_uses,
+)
 from bridge.in_airflow.refusals import (
     IN_PROCESS,
     NotTranslatable,
@@ -207,13 +213,21 @@ def task_spec(
     # the worker passes the fence first when it is the first parameter, then the arguments
     positional = params[1:] if params[:1] == ["fence"] else params
     passed = {*kwargs, *positional[: len(args)], "fence", *([map_arg] if mapped else [])}
-    uses = callable_uses(fn, passed=passed)
+    ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    uses = callable_uses(fn, passed=passed, wired=ancestors, task_id=task.task_id)
     try:
         args, kwargs = _arguments(args, render), _arguments(kwargs, render)
     except NotTranslatable as exc:
         uses += exc.uses
-    if uses:
-        raise NotTranslatable(uses[0].reason, uses=uses)
+    refused = [u for u in uses if not u.carried]
+    if "fence" in params or mapped:
+        refused = [u if not u.carried else _uncarried(u) for u in uses]
+    elif uses and not refused:
+        # it reads the context or XCom keys: run it as Airflow does, through its operator's
+        # execute with the worker's context (which renders its templated arguments too)
+        return _operator_spec(task, names, mapped, side_effect_free, common)
+    if refused:
+        raise NotTranslatable(refused[0].reason, uses=refused)
     sink = getattr(task, "sink_conn_id", None) or partial.get("sink_conn_id")
     return TaskSpec(
         task.task_id,
@@ -226,7 +240,17 @@ def task_spec(
         side_effect_free=side_effect_free,
         map_over=map_over,
         map_arg=map_arg,
+        multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **common,
+    )
+
+
+def _uncarried(use: Use) -> Use:
+    """Why a protected or mapped callable cannot have what an ordinary task is given."""
+    return Use(
+        use.construct,
+        f"{use.reason}: a fenced or mapped callable is called with its arguments only, not run "
+        "through its operator with the context; pass the value as an argument",
     )
 
 
@@ -281,6 +305,7 @@ def _operator_spec(
         kind=TaskKind.EXECUTE,
         kwargs={XCOM_ARGUMENT: xcom},
         side_effect_free=side_effect_free,
+        multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **{**common, "upstream": ancestors},
     )
 
@@ -351,13 +376,12 @@ def _importable(fn: Callable[..., Any]) -> str | None:
 def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
     if hasattr(value, "operator") and hasattr(value, "key"):  # an XComArg
         producer = value.operator
-        if value.key != RETURN_KEY:
+        if value.key != RETURN_KEY and not is_mapped(producer):
             outputs = getattr(producer, "multiple_outputs", False)
             construct = "multiple_outputs key" if outputs else "XCom key"
             raise NotTranslatable(
-                f"uses XCom key {value.key!r} of {producer.task_id!r}: only whole return values "
-                "cross tasks in the worker; take the dict and index it in the callable",
-                construct,
+                f"uses XCom key {value.key!r} of {producer.task_id!r}",
+                uses=[Use(construct, f"XCom key {value.key!r}", carried=True)],
             )
         if is_mapped(producer):
             raise NotTranslatable(

@@ -36,7 +36,7 @@ from bridge.cutover import ModeStore
 from bridge.graph import substitute
 from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
-from bridge.worker import shadow_record
+from bridge.worker import shadow_record, xcom_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
@@ -127,7 +127,9 @@ class BridgeActivities:
                 return TaskResult(
                     "recorded", key, result=result, token=got.token, captured=captured
                 )
-            return TaskResult("recorded", key, result=got.result, token=got.token)
+            result, pushed = xcom_record.decode(got.result)
+            xcoms = xcom_record.xcoms_of(spec, result, pushed)
+            return TaskResult("recorded", key, result=result, token=got.token, xcoms=xcoms)
         if got.outcome is Outcome.HELD:
             return TaskResult("held", key, wait_s=_wait(got.expires_at), holder=_who(got.holder))
         if got.outcome is Outcome.REFUSED:
@@ -143,18 +145,21 @@ class BridgeActivities:
             shadow=inp.mode is RunMode.SHADOW,
         )
 
+        pushed: dict[str, Any] = {}  # XComs other than the return value (ti.xcom_push)
+
         def body(fence: Fence) -> Any:
             assert isinstance(fence, BridgeFence)
             if fence.shadow and not spec.side_effect_free:
                 with no_egress(allowed_addresses(sink)):  # it must not reach the world
-                    return self._call(inp, fence)
-            return self._call(inp, fence)
+                    return self._call(inp, fence, pushed)
+            return self._call(inp, fence, pushed)
 
         capture: dict[str, Any] = {}  # a shadow's, once its work returned
 
         def record(result: Any) -> Any:
             if not fence.shadow:
-                return result
+                # kept with the lease, so a retry that finds it succeeded hands them on too
+                return xcom_record.encode(result, pushed)
             # kept with the shadow lease, so a retry that finds it succeeded compares the same
             capture.update(shadow_record.captured(fence))
             return shadow_record.encode(result, capture, max_bytes=self.store.max_result_bytes)
@@ -184,14 +189,15 @@ class BridgeActivities:
             token=lease.token,
             duration_ms=round((time.monotonic() - started) * 1000),
             captured=capture,
+            xcoms=xcom_record.xcoms_of(spec, result, pushed),
         )
 
-    def _call(self, inp: TaskInput, fence: BridgeFence) -> Any:
+    def _call(self, inp: TaskInput, fence: BridgeFence, pushed: dict[str, Any]) -> Any:
         spec = inp.task
         if spec.kind is TaskKind.NOOP:
             return None
         if spec.kind is TaskKind.EXECUTE:
-            return self._execute(inp, fence)
+            return self._execute(inp, fence, pushed)
         fn = self.catalog.resolve(inp.dag_id, spec)
         args = substitute(list(spec.args), inp.upstream)
         kwargs = substitute(dict(spec.kwargs), inp.upstream)
@@ -205,7 +211,7 @@ class BridgeActivities:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
 
-    def _execute(self, inp: TaskInput, fence: Fence) -> Any:
+    def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
         """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
         task state as its ``task_state_store`` (a durable operator's job is submitted once per
         business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
@@ -223,10 +229,18 @@ class BridgeActivities:
         )
         # the workflow passes the results of the upstream tasks the spec's XCom markers name
         context = template_context(
-            task, run=run, try_number=info.attempt, upstream=inp.upstream, ds=ds
+            task,
+            run=run,
+            try_number=info.attempt,
+            upstream=inp.upstream,
+            ds=ds,
+            upstream_xcoms=inp.upstream_xcoms,
         )
-        with installed(task, context, fence):
-            return run_operator(task, context)
+        try:
+            with installed(task, context, fence):
+                return run_operator(task, context)
+        finally:
+            pushed.update(context["ti"].pushed)
 
     @activity.defn(name="bridge.compare_run")
     def compare_run(self, inp: CompareInput) -> Comparison:

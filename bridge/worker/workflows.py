@@ -106,6 +106,7 @@ async def _run_items(
                     upstream=template.upstream,
                     map_key=map_key,
                     map_value=value,
+                    upstream_xcoms=template.upstream_xcoms,
                 )
             )
 
@@ -200,13 +201,19 @@ class DagRunWorkflow:
         if any(u.status != "succeeded" for u in ups):
             return TaskOutcome("upstream_failed")
         results = {u_id: u.result for u_id, u in zip(task.upstream, ups, strict=True)}
+        wanted = referenced(task)
         template = TaskInput(
             dag_id=inp.spec.dag_id,
             business_date=inp.business_date,
             task=task,
             mode=inp.mode,
-            upstream={k: v for k, v in results.items() if k in referenced(task)},
+            upstream={k: v for k, v in results.items() if k in wanted},
             map_key=inp.map_key,
+            upstream_xcoms={
+                u_id: u.xcoms
+                for u_id, u in zip(task.upstream, ups, strict=True)
+                if u.xcoms and u_id in wanted
+            },
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])
@@ -216,7 +223,13 @@ class DagRunWorkflow:
             _reraise_cancellation(exc)
             return TaskOutcome("failed", error=_error(exc))
         return TaskOutcome(
-            "succeeded", done.result, None, done.duration_ms, (done.key,), done.captured
+            "succeeded",
+            done.result,
+            None,
+            done.duration_ms,
+            (done.key,),
+            done.captured,
+            xcoms=done.xcoms,
         )
 
     async def _mapped(self, inp: DagRunInput, template: TaskInput, values: Any) -> TaskOutcome:
