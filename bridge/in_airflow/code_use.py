@@ -32,12 +32,19 @@ WORKER_CONTEXT = frozenset(
         "inlet_events", "macros", "var", "conn", "map_index_template", "triggering_asset_events",
     }
 )  # fmt: skip
+#: What the worker's context holds but not as Airflow does: asset events are read from
+#: Airflow's API (``inlet_events``), which a worker does not reach, and a bridge run was
+#: triggered by no asset event (``triggering_asset_events``).
+_NOT_CARRIED = frozenset({"inlet_events", "triggering_asset_events"})
 #: The context arguments the worker gives a callable it runs through its operator's execute.
-CARRIED_CONTEXT = WORKER_CONTEXT | {"templates_dict"}
+CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"}
+_PARTITION = {"partition_key", "partition_date"}
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
+_SKIPS = {
+    "AirflowSkipException": "skips itself: the workflow marks it skipped",
+    "DownstreamTasksSkipped": "skips downstream tasks: the workflow skips them",
+}
 _NOT_FAILURES = {
-    "AirflowSkipException": "Airflow marks the task skipped",
-    "DownstreamTasksSkipped": "Airflow skips the downstream tasks",
     "AirflowRescheduleException": "Airflow reschedules the task",
     "TaskDeferred": "Airflow defers the task to a trigger",
 }
@@ -172,10 +179,27 @@ def _context_reads(fn: Callable[..., Any], name: str) -> list[Use]:
     return uses
 
 
+def _partition_use(node: ast.AST) -> Use | None:
+    if (isinstance(node, ast.Attribute) and node.attr in _PARTITION) or (
+        isinstance(node, ast.Constant) and node.value in _PARTITION
+    ):
+        return Use(
+            "asset partition",
+            "reads the run's asset partition: a bridge run is keyed by business date and has "
+            "no partition",
+        )
+    return None
+
+
 def _node_use(node: ast.AST, *, wired: Collection[str]) -> Use | None:
+    partition = _partition_use(node)
+    if partition is not None:
+        return partition
     if isinstance(node, ast.Raise) and node.exc is not None:
         raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
         name = _name(raised)
+        if name in _SKIPS:
+            return Use(name, _SKIPS[name], carried=True)
         if name in _NOT_FAILURES:
             return Use(
                 name,
@@ -191,34 +215,38 @@ def _node_use(node: ast.AST, *, wired: Collection[str]) -> Use | None:
     if called == "xcom_push":
         return Use("xcom_push", "pushes an XCom", carried=True)
     if called == "xcom_pull":
-        if (
-            _keyword(node, "dag_id")
-            or _keyword(node, "run_id")
-            or _keyword(node, "include_prior_dates")
-        ):
-            return Use(
-                "xcom_pull other run",
-                "pulls an XCom of another DAG or run: the worker carries XComs within one run",
-            )
-        ids = _keyword(node, "task_ids") or (node.args[0] if node.args else None)
-        if ids is None:
-            return Use("xcom_pull", "pulls its own XCom", carried=True)
-        pulled = _literals(ids)
-        if pulled is None:
-            return Use(
-                "xcom_pull task_ids",
-                "pulls a computed task id: the inventory cannot check the worker passes it; "
-                "name the task",
-            )
-        unwired = [t for t in pulled if t not in wired]
-        if unwired:
-            return Use(
-                "xcom_pull task_ids",
-                f"pulls {unwired[0]!r}, which is not upstream of it: the worker passes only its "
-                "upstream tasks' XComs; make it an upstream",
-            )
-        return Use("xcom_pull", "pulls an upstream XCom", carried=True)
+        return _xcom_pull_use(node, wired)
     return None
+
+
+def _xcom_pull_use(node: ast.Call, wired: Collection[str]) -> Use:
+    if (
+        _keyword(node, "dag_id")
+        or _keyword(node, "run_id")
+        or _keyword(node, "include_prior_dates")
+    ):
+        return Use(
+            "xcom_pull other run",
+            "pulls an XCom of another DAG or run: the worker carries XComs within one run",
+        )
+    ids = _keyword(node, "task_ids") or (node.args[0] if node.args else None)
+    if ids is None:
+        return Use("xcom_pull", "pulls its own XCom", carried=True)
+    pulled = _literals(ids)
+    if pulled is None:
+        return Use(
+            "xcom_pull task_ids",
+            "pulls a computed task id: the inventory cannot check the worker passes it; "
+            "name the task",
+        )
+    unwired = [t for t in pulled if t not in wired]
+    if unwired:
+        return Use(
+            "xcom_pull task_ids",
+            f"pulls {unwired[0]!r}, which is not upstream of it: the worker passes only its "
+            "upstream tasks' XComs; make it an upstream",
+        )
+    return Use("xcom_pull", "pulls an upstream XCom", carried=True)
 
 
 def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
@@ -234,7 +262,7 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
         import jinja2
 
         env = jinja2.Environment()
-    known = WORKER_CONTEXT | set(env.globals) | {"fence", "business_date"}
+    known = (WORKER_CONTEXT - _NOT_CARRIED) | set(env.globals) | {"fence", "business_date"}
     uses: list[Use] = []
     for field in getattr(task, "template_fields", ()) or ():
         uses += _xcom_arg_uses(field, getattr(task, field, None), 0)

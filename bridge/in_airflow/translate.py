@@ -28,10 +28,12 @@ from bridge.in_airflow.code_use import (
 )
 from bridge.in_airflow.refusals import (
     IN_PROCESS,
+    SKIPPING,
     NotTranslatable,
     class_names,
     elsewhere,
     refuse_kinds,
+    trigger_rule,
 )
 from bridge.spec import (
     SCHEDULABLE_TIMETABLES,
@@ -132,6 +134,7 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
             bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
         except Exception as exc:  # the report must never crash on a DAG
             bad.append(uninspectable(task.task_id, operator, exc))
+    bad += _required_params(dag)
     emitting = sorted(t.task_id for t in dag.tasks if getattr(t, "outlets", None))
     if emitting:
         notes.append(
@@ -156,6 +159,27 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
         timetable=kind,
     )
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
+
+
+def _required_params(dag: Any) -> list[Untranslatable]:
+    """DAG params without a default: Airflow's trigger must give them, a bridge run gives none
+    (its conf holds the business date only), so its tasks fail validation."""
+    params: Any = getattr(dag, "params", None) or {}
+    try:
+        missing = [k for k in params if not params.get_param(k).has_value]
+    except Exception:  # a plain dict of params: every one has its value
+        missing = []
+    if not missing:
+        return []
+    return [
+        Untranslatable(
+            "(dag)",
+            "DAG",
+            f"params {', '.join(sorted(missing))} have no default: Airflow's trigger must "
+            "give them, a bridge run's conf holds only the business date",
+            "required params",
+        )
+    ]
 
 
 def uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
@@ -200,7 +224,8 @@ def task_spec(
     common = _common(task, partial)
     if "EmptyOperator" in names:
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
-    if fn is None:
+    if fn is None or (names & SKIPPING and not mapped):
+        # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
     if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
         raise NotTranslatable(*elsewhere(type(task).__name__, names))
@@ -306,7 +331,7 @@ def _operator_spec(
         kwargs={XCOM_ARGUMENT: xcom},
         side_effect_free=side_effect_free,
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
-        **{**common, "upstream": ancestors},
+        **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
 
 
@@ -321,6 +346,7 @@ def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:
     timeout = attr("execution_timeout", None)
     return {
         "upstream": tuple(sorted(task.upstream_task_ids)),
+        "trigger_rule": trigger_rule(task),
         "timeout_s": timeout.total_seconds() if timeout else 3600.0,
         "retry": RetrySpec(
             maximum_attempts=retries + 1,

@@ -49,7 +49,6 @@ NON_RETRYABLE = ("TaskCodeNotFound", "InvalidInput", "LeaseRefused")
 #: a deferral that slipped past the translatability check cannot be resumed in a worker).
 _FAIL_NOW = {
     "AirflowFailException",
-    "AirflowSkipException",
     "ParamValidationError",
     "TaskDeferred",
     "XComNotCarried",
@@ -128,8 +127,15 @@ class BridgeActivities:
                     "recorded", key, result=result, token=got.token, captured=captured
                 )
             result, pushed = xcom_record.decode(got.result)
-            xcoms = xcom_record.xcoms_of(spec, result, pushed)
-            return TaskResult("recorded", key, result=result, token=got.token, xcoms=xcoms)
+            skipped, skip = xcom_record.skips(pushed)
+            return TaskResult(
+                "skipped" if skipped else "recorded",
+                key,
+                result=result,
+                token=got.token,
+                xcoms=xcom_record.xcoms_of(spec, result, pushed),
+                skip=skip,
+            )
         if got.outcome is Outcome.HELD:
             return TaskResult("held", key, wait_s=_wait(got.expires_at), holder=_who(got.holder))
         if got.outcome is Outcome.REFUSED:
@@ -147,12 +153,20 @@ class BridgeActivities:
 
         pushed: dict[str, Any] = {}  # XComs other than the return value (ti.xcom_push)
 
+        def call(fence: BridgeFence) -> Any:
+            try:
+                return self._call(inp, fence, pushed)
+            except Exception as exc:  # a skip is an outcome, not a failure (as in Airflow)
+                if not xcom_record.note_skip(exc, pushed):
+                    raise
+                return None
+
         def body(fence: Fence) -> Any:
             assert isinstance(fence, BridgeFence)
             if fence.shadow and not spec.side_effect_free:
                 with no_egress(allowed_addresses(sink)):  # it must not reach the world
-                    return self._call(inp, fence, pushed)
-            return self._call(inp, fence, pushed)
+                    return call(fence)
+            return call(fence)
 
         capture: dict[str, Any] = {}  # a shadow's, once its work returned
 
@@ -182,14 +196,16 @@ class BridgeActivities:
             raise ApplicationError(str(exc), type=type(exc.__cause__).__name__) from exc
         except BaseException as exc:
             raise _as_application_error(exc) from exc
+        skipped, skip = xcom_record.skips(pushed)
         return TaskResult(
-            "succeeded",
+            "skipped" if skipped else "succeeded",
             lease.key,
             result=result,
             token=lease.token,
             duration_ms=round((time.monotonic() - started) * 1000),
             captured=capture,
             xcoms=xcom_record.xcoms_of(spec, result, pushed),
+            skip=skip,
         )
 
     def _call(self, inp: TaskInput, fence: BridgeFence, pushed: dict[str, Any]) -> Any:

@@ -231,6 +231,9 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
     from airflow.sdk.execution_time.context import set_current_context
 
     _per_thread_current_context()
+    # as the task runner's prepare_for_execution: no XComArg wiring on the attributes execute
+    # sets (PythonOperator assigns op_kwargs the context, whose objects would be walked)
+    task._lock_for_execution = True
     with set_current_context(cast("Context", context)):  # as the task runner sets it
         task.render_template_fields(context)
         calls = contextvars.copy_context()

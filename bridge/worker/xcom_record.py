@@ -16,6 +16,33 @@ from bridge.spec import TaskSpec
 
 _MARK = "$bridge_xcoms"
 _RETURN = "$return_value"
+# kept among the pushed XComs (so the lease records them) and taken out again by ``skips``
+_SKIPPED = "$skipped"
+_SKIP_DOWNSTREAM = "$skip_downstream"
+
+
+def note_skip(exc: BaseException, pushed: dict[str, Any]) -> bool:
+    """Notes a skip the task raised (``AirflowSkipException``: itself; ``DownstreamTasksSkipped``
+    from a branch or short-circuit: those tasks), as Airflow's task runner takes them; False for
+    any other exception."""
+    kind = type(exc).__name__
+    if kind == "AirflowSkipException":
+        pushed[_SKIPPED] = True
+        return True
+    if kind == "DownstreamTasksSkipped":
+        tasks = getattr(exc, "tasks", ())
+        tasks = tasks if isinstance(tasks, list | tuple) else [tasks]
+        pushed[_SKIP_DOWNSTREAM] = sorted(
+            {str(t[0] if isinstance(t, list | tuple) else t) for t in tasks}
+        )
+        return True
+    return False
+
+
+def skips(pushed: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """Takes the noted skips out of ``pushed``: (skipped itself, downstream tasks it skipped)."""
+    skipped = bool(pushed.pop(_SKIPPED, False))
+    return skipped, tuple(pushed.pop(_SKIP_DOWNSTREAM, ()))
 
 
 def xcoms_of(spec: TaskSpec, result: Any, pushed: Mapping[str, Any]) -> dict[str, Any]:

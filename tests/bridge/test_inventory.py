@@ -272,7 +272,7 @@ def test_task_external_python_is_refused_rather_than_rebuilt() -> None:
     refused(translate(dag), "elsewhere", "_PythonExternalDecoratedOperator", "own environment")
 
 
-def test_raising_airflow_skip_exception_is_refused() -> None:
+def test_raising_airflow_skip_exception_translates() -> None:
     with _dag("skip_exc") as dag:
 
         @task
@@ -282,7 +282,44 @@ def test_raising_airflow_skip_exception_is_refused() -> None:
             return n
 
         maybe(1)
-    refused(translate(dag), "maybe", "AirflowSkipException", "skipped", "fails it")
+    translation = translate(dag)
+    assert translation.ok, translation.report()
+
+
+def test_branching_runs_through_execute_with_its_trigger_rules() -> None:
+    with _dag("branchy") as dag:
+
+        @task.branch
+        def choose() -> str:
+            return "left"
+
+        @task
+        def left() -> int:
+            return 1
+
+        @task
+        def right() -> int:
+            return 2
+
+        @task(trigger_rule="none_failed_min_one_success")
+        def join() -> None:
+            pass
+
+        chosen = choose()
+        chosen >> [left(), right()] >> join()
+    translation = translate(dag)
+    _runs_through_execute(translation, "choose")
+    assert translation.spec is not None
+    assert translation.spec.task("join").trigger_rule == "none_failed_min_one_success"
+    assert translation.spec.task("join").upstream == ("left", "right")
+
+
+def test_latest_only_is_refused() -> None:
+    from airflow.providers.standard.operators.latest_only import LatestOnlyOperator
+
+    with _dag("latest") as dag:
+        LatestOnlyOperator(task_id="latest_only")
+    refused(translate(dag), "latest_only", "latest only", "run type")
 
 
 def test_run_if_is_refused() -> None:
