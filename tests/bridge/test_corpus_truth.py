@@ -20,8 +20,10 @@ XCom value (only the state for the ``VOLATILE`` tasks, whose output differs betw
 runs, in Airflow too). The run's own id is the one thing that differs by design (Airflow's run
 id cannot hold the workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
 
-CI runs ``FAST`` (a few DAGs covering each kind of task the inventory lets through). The whole
-translatable share runs with::
+Beside the corpus, ``semantics_dags/trigger_rule_matrix.py`` (this project's) has every trigger
+rule the workflow decides over each mix of upstream outcomes. CI runs it and ``FAST`` (a few
+corpus DAGs covering each kind of task the inventory lets through). The whole translatable share
+runs with::
 
     EO_FULL_CORPUS=1 flock /tmp/eo-heavy.lock .venv/bin/python -m pytest \\
         tests/bridge/test_corpus_truth.py -m slow -s
@@ -35,6 +37,7 @@ import os
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,11 +53,14 @@ from bridge.spec import DagRunInput, DagRunResult
 from bridge.worker.catalog import TaskCatalog
 from bridge.worker.workflows import DagRunWorkflow
 from tests.bridge.conftest import running_worker
-from tests.bridge.corpus import corpus_dags, corpus_folders
+from tests.bridge.corpus import corpus_dags, corpus_folders, dag_bag
 from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS, AirflowHarness
 from tests.harness.fixtures import airflow  # noqa: F401  (the session fixture)
 
+#: This project's DAGs of the semantics no corpus DAG has (every trigger rule over each mix).
+SEMANTICS = Path(__file__).parent / "semantics_dags"
 EXTRA_DAG_FOLDERS.update(corpus_folders())  # the harness parses the installed folders in place
+EXTRA_DAG_FOLDERS["bridge_semantics"] = SEMANTICS
 
 #: A fast subset for CI: Bash with templates, TaskFlow with XComs between tasks, a task group,
 #: a failing task, empty operators in a branchy graph, a provider's DAG; the task context and
@@ -167,7 +173,7 @@ def in_bridge(
     """Runs every DAG's translation as one DAG-run workflow each; returns what they did."""
     from bridge.in_airflow.translate import translate
 
-    folders = os.pathsep.join(str(f) for f in corpus_folders().values())
+    folders = os.pathsep.join(str(f) for f in [*corpus_folders().values(), SEMANTICS])
     catalog = TaskCatalog(folders)
     catalog.load()  # on the main thread (Airflow's parser times imports out with SIGALRM)
 
@@ -238,7 +244,7 @@ def test_fast_subset_of_the_corpus_runs_the_same_in_airflow_and_the_bridge(
     dags = translatable()
     missing = [d for d in FAST if d not in dags]
     assert not missing, f"the inventory no longer calls these translatable: {missing}"
-    _check(airflow, config, lease_store, {d: dags[d] for d in FAST})
+    _check(airflow, config, lease_store, {**{d: dags[d] for d in FAST}, **dag_bag(SEMANTICS)})
 
 
 @pytest.mark.slow
@@ -250,4 +256,4 @@ def test_whole_translatable_share_runs_the_same_in_airflow_and_the_bridge(
 ) -> None:
     if os.environ.get("EO_FULL_CORPUS") != "1":
         pytest.skip("the whole corpus takes minutes: EO_FULL_CORPUS=1 runs it (module docstring)")
-    _check(airflow, config, lease_store, translatable())
+    _check(airflow, config, lease_store, {**translatable(), **dag_bag(SEMANTICS)})
