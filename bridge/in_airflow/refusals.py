@@ -109,6 +109,12 @@ def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
             f"{hooked}: Airflow calls it, the worker does not; alert from Temporal instead",
             "callback",
         )
+    if attr("retry_policy"):
+        raise NotTranslatable(
+            "a retry policy: Airflow decides per exception whether and when to retry, the "
+            "workflow retries by retries / retry_delay only",
+            "retry policy",
+        )
     if attr("depends_on_past") or attr("wait_for_downstream"):
         raise NotTranslatable(
             "depends_on_past/wait_for_downstream: Airflow waits on the previous run's task, "

@@ -314,6 +314,20 @@ def test_branching_runs_through_execute_with_its_trigger_rules() -> None:
     assert translation.spec.task("join").upstream == ("left", "right")
 
 
+def test_a_retry_policy_is_refused() -> None:
+    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
+
+    policy = ExceptionRetryPolicy(rules=[RetryRule(exception=ValueError, action=RetryAction.FAIL)])
+    with _dag("retry_policy") as dag:
+
+        @task(retries=2, retry_policy=policy)
+        def call() -> None:
+            pass
+
+        call()
+    refused(translate(dag), "call", "retry policy", "per exception")
+
+
 def test_latest_only_is_refused() -> None:
     from airflow.providers.standard.operators.latest_only import LatestOnlyOperator
 
