@@ -58,6 +58,10 @@ class TaskSpec:
         map_over: the upstream task whose list result this task is expanded over.
         map_arg: the keyword argument each mapped item is passed as.
         map_key_field: for dict items, the field that names the item in its lease key.
+        multiple_outputs: Airflow pushes each key of its dict result as an XCom of its own.
+        trigger_rule: Airflow's trigger rule (``bridge.trigger_rules``), decided on ``direct``.
+        direct: its direct upstream tasks, when ``upstream`` holds more (an operator's
+            ancestors, whose XComs it may pull); None: ``upstream`` are the direct ones.
         timeout_s: start-to-close timeout of one attempt.
         heartbeat_s: heartbeat timeout: a silent worker is presumed dead after this long.
         lease_ttl_s: the task's lease TTL (renewed while it runs).
@@ -76,6 +80,9 @@ class TaskSpec:
     map_over: str | None = None
     map_arg: str = "item"
     map_key_field: str | None = None
+    multiple_outputs: bool = False
+    trigger_rule: str = "all_success"
+    direct: tuple[str, ...] | None = None
     timeout_s: float = 3600.0
     heartbeat_s: float = 30.0
     lease_ttl_s: float = 60.0
@@ -162,6 +169,8 @@ class TaskInput:
     upstream: dict[str, Any] = dataclasses.field(default_factory=dict)
     map_key: str | None = None
     map_value: Any = None
+    #: the XComs other than the return value its upstream tasks pushed: task id -> key -> value
+    upstream_xcoms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +187,9 @@ class TaskResult:
         captured: in shadow mode, the ledger items and rows its transactions wrote before the
             rollback.
         holder: for ``held``, who holds the lease.
+        xcoms: the XComs other than the return value it pushed (``multiple_outputs`` keys too).
+        skip: the downstream tasks it skipped (a branch or short-circuit operator); a task
+            that skipped itself (``AirflowSkipException``) has status ``skipped``.
     """
 
     status: str
@@ -188,6 +200,8 @@ class TaskResult:
     captured: dict[str, Any] = dataclasses.field(default_factory=dict)
     wait_s: float = 0.0
     holder: str | None = None
+    xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skip: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +214,8 @@ class TaskOutcome:
     duration_ms: int = 0
     keys: tuple[str, ...] = ()
     captured: dict[str, Any] = dataclasses.field(default_factory=dict)
+    xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skip: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,10 +32,19 @@ WORKER_CONTEXT = frozenset(
         "inlet_events", "macros", "var", "conn", "map_index_template", "triggering_asset_events",
     }
 )  # fmt: skip
+#: What the worker's context holds but not as Airflow does: asset events are read from
+#: Airflow's API (``inlet_events``), which a worker does not reach, and a bridge run was
+#: triggered by no asset event (``triggering_asset_events``).
+_NOT_CARRIED = frozenset({"inlet_events", "triggering_asset_events"})
+#: The context arguments the worker gives a callable it runs through its operator's execute.
+CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"}
+_PARTITION = {"partition_key", "partition_date"}
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
+_SKIPS = {
+    "AirflowSkipException": "skips itself: the workflow marks it skipped",
+    "DownstreamTasksSkipped": "skips downstream tasks: the workflow skips them",
+}
 _NOT_FAILURES = {
-    "AirflowSkipException": "Airflow marks the task skipped",
-    "DownstreamTasksSkipped": "Airflow skips the downstream tasks",
     "AirflowRescheduleException": "Airflow reschedules the task",
     "TaskDeferred": "Airflow defers the task to a trigger",
 }
@@ -48,14 +57,26 @@ class Use:
 
     construct: str
     reason: str
+    #: the worker carries it when it runs the task through Airflow's own ``execute`` with the
+    #: worker's context (``bridge.worker.execution``): no refusal, but the task runs that way
+    carried: bool = False
 
 
-def callable_uses(fn: Callable[..., Any], *, passed: Collection[str]) -> list[Use]:
-    """What ``fn`` uses that the worker does not give it.
+def callable_uses(
+    fn: Callable[..., Any],
+    *,
+    passed: Collection[str],
+    wired: Collection[str] = (),
+    task_id: str = "",
+) -> list[Use]:
+    """What ``fn`` uses of Airflow: refused (``carried`` False) or carried by running the task
+    through its operator's ``execute`` with the worker's context (``carried`` True).
 
     Args:
         fn: the task's Python callable.
         passed: the parameter names the task's own arguments fill (the worker passes these).
+        wired: the task ids whose XComs the worker passes it (its ancestors).
+        task_id: the task's own id (it may pull its own pushes).
     """
     uses: list[Use] = []
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
@@ -76,22 +97,19 @@ def callable_uses(fn: Callable[..., Any], *, passed: Collection[str]) -> list[Us
         )
     for param in inspect.signature(fn).parameters.values():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
-            uses.append(
-                Use(
-                    f"**{param.name}",
-                    f"takes **{param.name}: Airflow passes the whole context into it, the worker "
-                    "only the task's own arguments; pass what it reads as arguments",
-                )
-            )
+            uses.append(Use(f"**{param.name}", "takes the whole context", carried=True))
+            uses += _context_reads(fn, param.name)
         elif param.name in INJECTED and param.name not in passed:
-            uses.append(
-                Use(
-                    "context argument",
-                    f"takes the context argument {param.name!r}: Airflow injects it by name, the "
-                    "worker never does; pass the value as an argument (a fenced task reads "
-                    "fence.business_date)",
+            if param.name in CARRIED_CONTEXT:
+                uses.append(Use("context argument", param.name, carried=True))
+            else:
+                uses.append(
+                    Use(
+                        "context argument",
+                        f"takes the context argument {param.name!r}, which the worker's context "
+                        "lacks; pass the value as an argument",
+                    )
                 )
-            )
         elif (
             param.default is inspect.Parameter.empty
             and param.kind is not inspect.Parameter.VAR_POSITIONAL
@@ -105,10 +123,10 @@ def callable_uses(fn: Callable[..., Any], *, passed: Collection[str]) -> list[Us
                 )
             )
     for where, node in _source_nodes(fn, set(), 0):
-        use = _node_use(node)
+        use = _node_use(node, wired={*wired, task_id})
         if use is not None:
             suffix = f" (in {where})" if where != fn.__name__ else ""
-            uses.append(Use(use.construct, use.reason + suffix))
+            uses.append(dataclasses.replace(use, reason=use.reason + suffix))
     return _unique(uses)
 
 
@@ -135,10 +153,53 @@ def _source_nodes(
                 yield from _source_nodes(helper, seen, depth + 1)
 
 
-def _node_use(node: ast.AST) -> Use | None:
+def _context_reads(fn: Callable[..., Any], name: str) -> list[Use]:
+    """``name["x"]`` / ``name.get("x")`` reads of a ``**name`` context the worker's lacks."""
+    uses: list[Use] = []
+    for _, node in _source_nodes(fn, set(), _HELPER_DEPTH):  # the callable itself only
+        key: ast.expr | None = None
+        if isinstance(node, ast.Subscript) and _name(node.value) == name:
+            key = node.slice
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and _name(node.func.value) == name
+            and node.args
+        ):
+            key = node.args[0]
+        read = _literal(key, "")
+        if read and read in INJECTED and read not in CARRIED_CONTEXT:
+            uses.append(
+                Use(
+                    "context variable",
+                    f"reads {name}[{read!r}], which the worker's context lacks",
+                )
+            )
+    return uses
+
+
+def _partition_use(node: ast.AST) -> Use | None:
+    if (isinstance(node, ast.Attribute) and node.attr in _PARTITION) or (
+        isinstance(node, ast.Constant) and node.value in _PARTITION
+    ):
+        return Use(
+            "asset partition",
+            "reads the run's asset partition: a bridge run is keyed by business date and has "
+            "no partition",
+        )
+    return None
+
+
+def _node_use(node: ast.AST, *, wired: Collection[str]) -> Use | None:
+    partition = _partition_use(node)
+    if partition is not None:
+        return partition
     if isinstance(node, ast.Raise) and node.exc is not None:
         raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
         name = _name(raised)
+        if name in _SKIPS:
+            return Use(name, _SKIPS[name], carried=True)
         if name in _NOT_FAILURES:
             return Use(
                 name,
@@ -150,32 +211,42 @@ def _node_use(node: ast.AST) -> Use | None:
         return None
     called = _name(node.func)
     if called == "get_current_context":
-        return Use(
-            "get_current_context",
-            "calls get_current_context(): the worker sets no Airflow context, so it raises; "
-            "pass what it reads as arguments",
-        )
+        return Use("get_current_context", "reads the current context", carried=True)
     if called == "xcom_push":
-        key = _literal(node.args[0] if node.args else _keyword(node, "key"))
-        return Use(
-            "xcom_push",
-            f"pushes XCom key {key!r}: only return values cross tasks in the worker; return "
-            "the value (a dict for several) instead",
-        )
+        return Use("xcom_push", "pushes an XCom", carried=True)
     if called == "xcom_pull":
-        key = _literal(_keyword(node, "key"), RETURN_KEY)
-        if key != RETURN_KEY:
-            return Use(
-                "xcom_pull key",
-                f"pulls XCom key {key!r}: only return values cross tasks in the worker; take the "
-                "upstream's return value as an argument",
-            )
-        return Use(
-            "xcom_pull",
-            "pulls an XCom through ti: the worker gives a callable no ti; take the upstream "
-            "task's output as an argument (t(upstream()))",
-        )
+        return _xcom_pull_use(node, wired)
     return None
+
+
+def _xcom_pull_use(node: ast.Call, wired: Collection[str]) -> Use:
+    if (
+        _keyword(node, "dag_id")
+        or _keyword(node, "run_id")
+        or _keyword(node, "include_prior_dates")
+    ):
+        return Use(
+            "xcom_pull other run",
+            "pulls an XCom of another DAG or run: the worker carries XComs within one run",
+        )
+    ids = _keyword(node, "task_ids") or (node.args[0] if node.args else None)
+    if ids is None:
+        return Use("xcom_pull", "pulls its own XCom", carried=True)
+    pulled = _literals(ids)
+    if pulled is None:
+        return Use(
+            "xcom_pull task_ids",
+            "pulls a computed task id: the inventory cannot check the worker passes it; "
+            "name the task",
+        )
+    unwired = [t for t in pulled if t not in wired]
+    if unwired:
+        return Use(
+            "xcom_pull task_ids",
+            f"pulls {unwired[0]!r}, which is not upstream of it: the worker passes only its "
+            "upstream tasks' XComs; make it an upstream",
+        )
+    return Use("xcom_pull", "pulls an upstream XCom", carried=True)
 
 
 def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
@@ -191,7 +262,7 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
         import jinja2
 
         env = jinja2.Environment()
-    known = WORKER_CONTEXT | set(env.globals) | {"fence", "business_date"}
+    known = (WORKER_CONTEXT - _NOT_CARRIED) | set(env.globals) | {"fence", "business_date"}
     uses: list[Use] = []
     for field in getattr(task, "template_fields", ()) or ():
         uses += _xcom_arg_uses(field, getattr(task, field, None), 0)
@@ -230,14 +301,6 @@ def _xcom_arg_uses(field: str, value: Any, depth: int) -> list[Use]:
         return []
     if hasattr(value, "operator") and hasattr(value, "key"):
         producer = value.operator
-        if value.key != RETURN_KEY:
-            return [
-                Use(
-                    "XCom key",
-                    f"its {field} takes XCom key {value.key!r} of {producer.task_id!r}: only "
-                    "return values cross tasks in the worker",
-                )
-            ]
         if is_mapped(producer):
             return [
                 Use(
@@ -271,28 +334,9 @@ def _xcom_uses(task: Any, tree: Any, wired: Collection[str]) -> list[Use]:
     uses: list[Use] = []
     for call in tree.find_all(nodes.Call):
         attr = getattr(call.node, "attr", None)
-        if attr == "xcom_push":
-            uses.append(
-                Use(
-                    "xcom_push",
-                    "a template pushes an XCom: only return values cross tasks in the worker",
-                )
-            )
         if attr != "xcom_pull":
-            continue
+            continue  # a push is carried: the worker hands it to the downstream tasks
         kwargs = {k.key: k.value for k in call.kwargs}
-        key_node = kwargs.get("key", call.args[2] if len(call.args) > 2 else None)
-        key = key_node.value if isinstance(key_node, nodes.Const) else RETURN_KEY
-        if key_node is not None and not isinstance(key_node, nodes.Const):
-            key = "<computed>"
-        if key != RETURN_KEY:
-            uses.append(
-                Use(
-                    "xcom_pull key",
-                    f"a template pulls XCom key {key!r}: only return values cross tasks in the "
-                    "worker",
-                )
-            )
         if "dag_id" in kwargs or "run_id" in kwargs or "include_prior_dates" in kwargs:
             uses.append(
                 Use(
@@ -378,6 +422,16 @@ def _name(node: ast.AST) -> str | None:
 
 def _keyword(node: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in node.keywords if k.arg == name), None)
+
+
+def _literals(node: ast.expr) -> list[str] | None:
+    """The task ids a literal ``task_ids`` names (None when computed)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.List | ast.Tuple):
+        found = [_literal(item, "") for item in node.elts]
+        return found if all(found) else None
+    return None
 
 
 def _literal(node: ast.expr | None, default: str = "<computed>") -> str:

@@ -1,7 +1,7 @@
 """What Airflow does around a task, or how it runs it, that the bridge worker does not do.
 
-The kinds of task the worker cannot run the same (sensors, deferrables, branching, cross-DAG
-operators, setup/teardown, other trigger rules), what Airflow runs around a task's code
+The kinds of task the worker cannot run the same (sensors, deferrables, LatestOnly, cross-DAG
+operators, setup/teardown, trigger rules it does not decide), what Airflow runs around a task's code
 (pre/post-execute hooks, callbacks, depends_on_past) and callables Airflow runs somewhere other
 than in-process (``@task.bash``, ``@task.virtualenv``, ...). ``translate`` refuses them by name;
 ``code_use`` reads what the code itself uses.
@@ -13,9 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.in_airflow.code_use import Use, is_mapped
+from bridge.trigger_rules import RULES
 
 _CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
-_BRANCHING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
+#: Operators that skip downstream tasks: run through their execute, the workflow skips them.
+SKIPPING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
+#: What decides from Airflow's run type and timetable, which a bridge run does not have.
+_AIRFLOW_RUN_STATE = {"LatestOnlyOperator"}
 IN_PROCESS = {"PythonOperator", "ExactlyOnceOperator"}  # what the worker runs by calling it
 _CALLBACKS = (
     "on_execute_callback",
@@ -60,9 +64,11 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
         raise NotTranslatable(
             "deferrable: it waits on an Airflow trigger, which Temporal lacks", "deferrable"
         )
-    if names & _BRANCHING:
+    if names & _AIRFLOW_RUN_STATE:
         raise NotTranslatable(
-            "branching/short-circuit decides what runs from Airflow's state", "branching"
+            "LatestOnlyOperator decides from Airflow's run type and the timetable's latest "
+            "interval, which a bridge run does not have",
+            "latest only",
         )
     if names & _CROSS_DAG:
         raise NotTranslatable(
@@ -72,12 +78,16 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
         raise NotTranslatable(
             "a setup/teardown task: the workflow has no setup/teardown scope", "setup/teardown"
         )
-    rule = str(getattr(task, "trigger_rule", "all_success"))
-    if rule.rsplit(".", 1)[-1].lower() != "all_success":
-        raise NotTranslatable(
-            f"trigger rule {rule!r}: only all_success is translated", "trigger rule"
-        )
+    rule = trigger_rule(task)
+    if rule not in RULES:
+        raise NotTranslatable(f"trigger rule {rule!r} is not translated", "trigger rule")
     _refuse_semantics(task, partial)
+
+
+def trigger_rule(task: Any) -> str:
+    """The task's trigger rule's value (``all_success``, ...)."""
+    rule = getattr(task, "trigger_rule", None) or "all_success"
+    return str(getattr(rule, "value", rule)).rsplit(".", 1)[-1].lower()
 
 
 def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
@@ -98,6 +108,12 @@ def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
         raise NotTranslatable(
             f"{hooked}: Airflow calls it, the worker does not; alert from Temporal instead",
             "callback",
+        )
+    if attr("retry_policy"):
+        raise NotTranslatable(
+            "a retry policy: Airflow decides per exception whether and when to retry, the "
+            "workflow retries by retries / retry_delay only",
+            "retry policy",
         )
     if attr("depends_on_past") or attr("wait_for_downstream"):
         raise NotTranslatable(

@@ -19,13 +19,21 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
-from bridge.in_airflow.code_use import RETURN_KEY, callable_uses, is_mapped, template_uses
+from bridge.in_airflow.code_use import (
+    RETURN_KEY,
+    Use,
+    callable_uses,
+    is_mapped,
+    template_uses,
+)
 from bridge.in_airflow.refusals import (
     IN_PROCESS,
+    SKIPPING,
     NotTranslatable,
     class_names,
     elsewhere,
     refuse_kinds,
+    trigger_rule,
 )
 from bridge.spec import (
     SCHEDULABLE_TIMETABLES,
@@ -126,6 +134,7 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
             bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
         except Exception as exc:  # the report must never crash on a DAG
             bad.append(uninspectable(task.task_id, operator, exc))
+    bad += _required_params(dag)
     emitting = sorted(t.task_id for t in dag.tasks if getattr(t, "outlets", None))
     if emitting:
         notes.append(
@@ -150,6 +159,27 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
         timetable=kind,
     )
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
+
+
+def _required_params(dag: Any) -> list[Untranslatable]:
+    """DAG params without a default: Airflow's trigger must give them, a bridge run gives none
+    (its conf holds the business date only), so its tasks fail validation."""
+    params: Any = getattr(dag, "params", None) or {}
+    try:
+        missing = [k for k in params if not params.get_param(k).has_value]
+    except Exception:  # a plain dict of params: every one has its value
+        missing = []
+    if not missing:
+        return []
+    return [
+        Untranslatable(
+            "(dag)",
+            "DAG",
+            f"params {', '.join(sorted(missing))} have no default: Airflow's trigger must "
+            "give them, a bridge run's conf holds only the business date",
+            "required params",
+        )
+    ]
 
 
 def uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
@@ -194,7 +224,8 @@ def task_spec(
     common = _common(task, partial)
     if "EmptyOperator" in names:
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
-    if fn is None:
+    if fn is None or (names & SKIPPING and not mapped):
+        # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
     if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
         raise NotTranslatable(*elsewhere(type(task).__name__, names))
@@ -207,13 +238,21 @@ def task_spec(
     # the worker passes the fence first when it is the first parameter, then the arguments
     positional = params[1:] if params[:1] == ["fence"] else params
     passed = {*kwargs, *positional[: len(args)], "fence", *([map_arg] if mapped else [])}
-    uses = callable_uses(fn, passed=passed)
+    ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    uses = callable_uses(fn, passed=passed, wired=ancestors, task_id=task.task_id)
     try:
         args, kwargs = _arguments(args, render), _arguments(kwargs, render)
     except NotTranslatable as exc:
         uses += exc.uses
-    if uses:
-        raise NotTranslatable(uses[0].reason, uses=uses)
+    refused = [u for u in uses if not u.carried]
+    if "fence" in params or mapped:
+        refused = [u if not u.carried else _uncarried(u) for u in uses]
+    elif uses and not refused:
+        # it reads the context or XCom keys: run it as Airflow does, through its operator's
+        # execute with the worker's context (which renders its templated arguments too)
+        return _operator_spec(task, names, mapped, side_effect_free, common)
+    if refused:
+        raise NotTranslatable(refused[0].reason, uses=refused)
     sink = getattr(task, "sink_conn_id", None) or partial.get("sink_conn_id")
     return TaskSpec(
         task.task_id,
@@ -226,7 +265,17 @@ def task_spec(
         side_effect_free=side_effect_free,
         map_over=map_over,
         map_arg=map_arg,
+        multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **common,
+    )
+
+
+def _uncarried(use: Use) -> Use:
+    """Why a protected or mapped callable cannot have what an ordinary task is given."""
+    return Use(
+        use.construct,
+        f"{use.reason}: a fenced or mapped callable is called with its arguments only, not run "
+        "through its operator with the context; pass the value as an argument",
     )
 
 
@@ -281,7 +330,8 @@ def _operator_spec(
         kind=TaskKind.EXECUTE,
         kwargs={XCOM_ARGUMENT: xcom},
         side_effect_free=side_effect_free,
-        **{**common, "upstream": ancestors},
+        multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
+        **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
 
 
@@ -296,6 +346,7 @@ def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:
     timeout = attr("execution_timeout", None)
     return {
         "upstream": tuple(sorted(task.upstream_task_ids)),
+        "trigger_rule": trigger_rule(task),
         "timeout_s": timeout.total_seconds() if timeout else 3600.0,
         "retry": RetrySpec(
             maximum_attempts=retries + 1,
@@ -351,13 +402,12 @@ def _importable(fn: Callable[..., Any]) -> str | None:
 def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
     if hasattr(value, "operator") and hasattr(value, "key"):  # an XComArg
         producer = value.operator
-        if value.key != RETURN_KEY:
+        if value.key != RETURN_KEY and not is_mapped(producer):
             outputs = getattr(producer, "multiple_outputs", False)
             construct = "multiple_outputs key" if outputs else "XCom key"
             raise NotTranslatable(
-                f"uses XCom key {value.key!r} of {producer.task_id!r}: only whole return values "
-                "cross tasks in the worker; take the dict and index it in the callable",
-                construct,
+                f"uses XCom key {value.key!r} of {producer.task_id!r}",
+                uses=[Use(construct, f"XCom key {value.key!r}", carried=True)],
             )
         if is_mapped(producer):
             raise NotTranslatable(

@@ -36,7 +36,7 @@ from bridge.cutover import ModeStore
 from bridge.graph import substitute
 from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
-from bridge.worker import shadow_record
+from bridge.worker import shadow_record, xcom_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
@@ -49,7 +49,6 @@ NON_RETRYABLE = ("TaskCodeNotFound", "InvalidInput", "LeaseRefused")
 #: a deferral that slipped past the translatability check cannot be resumed in a worker).
 _FAIL_NOW = {
     "AirflowFailException",
-    "AirflowSkipException",
     "ParamValidationError",
     "TaskDeferred",
     "XComNotCarried",
@@ -127,7 +126,16 @@ class BridgeActivities:
                 return TaskResult(
                     "recorded", key, result=result, token=got.token, captured=captured
                 )
-            return TaskResult("recorded", key, result=got.result, token=got.token)
+            result, pushed = xcom_record.decode(got.result)
+            skipped, skip = xcom_record.skips(pushed)
+            return TaskResult(
+                "skipped" if skipped else "recorded",
+                key,
+                result=result,
+                token=got.token,
+                xcoms=xcom_record.xcoms_of(spec, result, pushed),
+                skip=skip,
+            )
         if got.outcome is Outcome.HELD:
             return TaskResult("held", key, wait_s=_wait(got.expires_at), holder=_who(got.holder))
         if got.outcome is Outcome.REFUSED:
@@ -143,18 +151,29 @@ class BridgeActivities:
             shadow=inp.mode is RunMode.SHADOW,
         )
 
+        pushed: dict[str, Any] = {}  # XComs other than the return value (ti.xcom_push)
+
+        def call(fence: BridgeFence) -> Any:
+            try:
+                return self._call(inp, fence, pushed)
+            except Exception as exc:  # a skip is an outcome, not a failure (as in Airflow)
+                if not xcom_record.note_skip(exc, pushed):
+                    raise
+                return None
+
         def body(fence: Fence) -> Any:
             assert isinstance(fence, BridgeFence)
             if fence.shadow and not spec.side_effect_free:
                 with no_egress(allowed_addresses(sink)):  # it must not reach the world
-                    return self._call(inp, fence)
-            return self._call(inp, fence)
+                    return call(fence)
+            return call(fence)
 
         capture: dict[str, Any] = {}  # a shadow's, once its work returned
 
         def record(result: Any) -> Any:
             if not fence.shadow:
-                return result
+                # kept with the lease, so a retry that finds it succeeded hands them on too
+                return xcom_record.encode(result, pushed)
             # kept with the shadow lease, so a retry that finds it succeeded compares the same
             capture.update(shadow_record.captured(fence))
             return shadow_record.encode(result, capture, max_bytes=self.store.max_result_bytes)
@@ -177,21 +196,24 @@ class BridgeActivities:
             raise ApplicationError(str(exc), type=type(exc.__cause__).__name__) from exc
         except BaseException as exc:
             raise _as_application_error(exc) from exc
+        skipped, skip = xcom_record.skips(pushed)
         return TaskResult(
-            "succeeded",
+            "skipped" if skipped else "succeeded",
             lease.key,
             result=result,
             token=lease.token,
             duration_ms=round((time.monotonic() - started) * 1000),
             captured=capture,
+            xcoms=xcom_record.xcoms_of(spec, result, pushed),
+            skip=skip,
         )
 
-    def _call(self, inp: TaskInput, fence: BridgeFence) -> Any:
+    def _call(self, inp: TaskInput, fence: BridgeFence, pushed: dict[str, Any]) -> Any:
         spec = inp.task
         if spec.kind is TaskKind.NOOP:
             return None
         if spec.kind is TaskKind.EXECUTE:
-            return self._execute(inp, fence)
+            return self._execute(inp, fence, pushed)
         fn = self.catalog.resolve(inp.dag_id, spec)
         args = substitute(list(spec.args), inp.upstream)
         kwargs = substitute(dict(spec.kwargs), inp.upstream)
@@ -205,7 +227,7 @@ class BridgeActivities:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
 
-    def _execute(self, inp: TaskInput, fence: Fence) -> Any:
+    def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
         """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
         task state as its ``task_state_store`` (a durable operator's job is submitted once per
         business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
@@ -223,10 +245,18 @@ class BridgeActivities:
         )
         # the workflow passes the results of the upstream tasks the spec's XCom markers name
         context = template_context(
-            task, run=run, try_number=info.attempt, upstream=inp.upstream, ds=ds
+            task,
+            run=run,
+            try_number=info.attempt,
+            upstream=inp.upstream,
+            ds=ds,
+            upstream_xcoms=inp.upstream_xcoms,
         )
-        with installed(task, context, fence):
-            return run_operator(task, context)
+        try:
+            with installed(task, context, fence):
+                return run_operator(task, context)
+        finally:
+            pushed.update(context["ti"].pushed)
 
     @activity.defn(name="bridge.compare_run")
     def compare_run(self, inp: CompareInput) -> Comparison:

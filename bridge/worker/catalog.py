@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,13 +27,15 @@ class TaskCatalog:
     """Resolves tasks to callables on a worker.
 
     Args:
-        dags_folder: a folder of Airflow DAG files to find tasks in (needs Airflow installed).
+        dags_folder: a folder of Airflow DAG files to find tasks in (needs Airflow installed),
+            or several joined by ``os.pathsep`` (``BRIDGE_DAGS_FOLDER=/a:/b``); a DAG id found
+            in two folders is taken from the first.
     """
 
     def __init__(self, dags_folder: str | None = None) -> None:
         self._registered: dict[tuple[str, str], Callable[..., Any]] = {}
         self._dags_folder = dags_folder
-        self._dagbag: Any = None
+        self._dags: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     def register(self, dag_id: str, task_id: str, fn: Callable[..., Any]) -> None:
@@ -46,10 +49,14 @@ class TaskCatalog:
         if self._dags_folder is None:
             return
         with self._lock:
-            if self._dagbag is None:
+            if self._dags is None:
                 from airflow.dag_processing.dagbag import DagBag
 
-                self._dagbag = DagBag(self._dags_folder, safe_mode=False)
+                dags: dict[str, Any] = {}
+                for folder in reversed(self._dags_folder.split(os.pathsep)):
+                    if folder:
+                        dags.update(DagBag(folder, safe_mode=False).dags)
+                self._dags = dags
 
     def resolve(self, dag_id: str, spec: TaskSpec) -> Callable[..., Any]:
         """The callable that runs ``spec``: called with its resolved args and kwargs.
@@ -70,7 +77,7 @@ class TaskCatalog:
             return None
         self.load()
         with self._lock:
-            return self._dagbag.dags.get(dag_id)
+            return (self._dags or {}).get(dag_id)
 
     def operator(self, dag_id: str, task_id: str) -> Any:
         """A fresh copy of the operator ``task_id`` of ``dag_id`` from the DAG folder (rendering
@@ -100,7 +107,7 @@ class TaskCatalog:
             )
         self.load()
         with self._lock:
-            dag = self._dagbag.dags.get(dag_id)
+            dag = (self._dags or {}).get(dag_id)
         if dag is None or spec.task_id not in dag.task_dict:
             raise TaskCodeNotFound(f"{dag_id}.{spec.task_id} is not in {self._dags_folder}")
         task = dag.task_dict[spec.task_id]

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.context import Context
 
 #: The spec kwarg holding ``{upstream_task_id: upstream marker}`` for an operator's XCom pulls.
 XCOM_ARGUMENT = "$xcom"
@@ -60,10 +64,16 @@ class WorkerTaskInstance:
         run_id: the run id (the workflow id).
         try_number: the activity attempt.
         upstream: the return values of the task's upstream tasks, by task id.
+        upstream_xcoms: the other XComs they pushed, by task id and key.
     """
 
     def __init__(
-        self, task: Any, run_id: str, try_number: int, upstream: Mapping[str, Any]
+        self,
+        task: Any,
+        run_id: str,
+        try_number: int,
+        upstream: Mapping[str, Any],
+        upstream_xcoms: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.task = task
         self.dag_id: str = task.dag_id
@@ -73,6 +83,7 @@ class WorkerTaskInstance:
         self.map_index = -1
         self.pushed: dict[str, Any] = {}
         self._upstream = dict(upstream)
+        self._xcoms = {t: dict(x) for t, x in (upstream_xcoms or {}).items()}
         # read by XComArg.resolve: nothing upstream is mapped, pull unmapped values
         self._upstream_map_indexes: dict[str, Any] = {}
         # read by ResumableJobMixin (a multi-team deployment's team name): none here
@@ -89,11 +100,10 @@ class WorkerTaskInstance:
         default: Any = None,
         run_id: str | None = None,
     ) -> Any:
-        """An upstream task's return value (a list of them for several task ids).
+        """An XCom of this task or an upstream one (a list of them for several task ids).
 
         Raises:
-            XComNotCarried: another DAG or run, or a key other than the return value of a task
-                other than this one.
+            XComNotCarried: another DAG or run.
         """
         if (dag_id not in (None, self.dag_id)) or (run_id not in (None, self.run_id)):
             raise XComNotCarried("the bridge carries XComs within one run of one DAG only")
@@ -105,14 +115,11 @@ class WorkerTaskInstance:
         if task_id == self.task_id:
             return self.pushed.get(key, default)
         if key != RETURN_KEY:
-            raise XComNotCarried(
-                f"{self.task_id} pulls XCom key {key!r} of {task_id}: the bridge carries only "
-                "return values between tasks"
-            )
+            return self._xcoms.get(task_id, {}).get(key, default)
         return self._upstream.get(task_id, default)
 
     def xcom_push(self, key: str, value: Any) -> None:
-        """Keeps an XCom for this task only (only the return value reaches other tasks)."""
+        """Pushes an XCom: the activity hands it to the downstream tasks with its result."""
         self.pushed[key] = value
 
 
@@ -154,6 +161,7 @@ def template_context(
     try_number: int,
     upstream: Mapping[str, Any],
     ds: str,
+    upstream_xcoms: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The context an operator's templates and ``execute`` read.
 
@@ -165,7 +173,8 @@ def template_context(
       cron time.
     - ``run_id`` is the Temporal workflow id; ``dag_run.conf`` is ``{"business_date": ...}``.
     - ``ti.try_number`` is the activity attempt; ``ti.xcom_pull`` returns the upstream tasks'
-      return values from this workflow's own results. Other XCom keys do not cross tasks.
+      XComs (any key) from this workflow's own results; ``ti.xcom_push`` keys reach the
+      downstream tasks with the task's result. XComs of other runs or DAGs are not carried.
     - ``params`` are the DAG's and task's params, validated as Airflow validates them.
     """
     from airflow.sdk.definitions.param import process_params
@@ -177,7 +186,7 @@ def template_context(
         VariableAccessor,
     )
 
-    ti = WorkerTaskInstance(task, run.run_id, try_number, upstream)
+    ti = WorkerTaskInstance(task, run.run_id, try_number, upstream, upstream_xcoms)
     logical = run.logical_date
     ts = logical.isoformat()
     return {
@@ -219,13 +228,65 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
         What ``execute`` returned (the task's XCom return value).
     """
     from airflow.sdk.bases.operator import ExecutorSafeguard
+    from airflow.sdk.execution_time.context import set_current_context
 
-    task.render_template_fields(context)
-    calls = contextvars.copy_context()
-    calls.run(ExecutorSafeguard.tracker.set, task)
-    task.pre_execute(context)
-    # the class's own execute: a cluster policy may have wrapped the instance's with a lease,
-    # and the activity already holds this task's lease
-    result = calls.run(type(task).execute, task, context)
-    task.post_execute(context, result)
+    _per_thread_current_context()
+    # as the task runner's prepare_for_execution: no XComArg wiring on the attributes execute
+    # sets (PythonOperator assigns op_kwargs the context, whose objects would be walked)
+    task._lock_for_execution = True
+    with set_current_context(cast("Context", context)):  # as the task runner sets it
+        task.render_template_fields(context)
+        calls = contextvars.copy_context()
+        calls.run(ExecutorSafeguard.tracker.set, task)
+        task.pre_execute(context)
+        # the class's own execute: a cluster policy may have wrapped the instance's with a
+        # lease, and the activity already holds this task's lease
+        result = calls.run(type(task).execute, task, context)
+        task.post_execute(context, result)
     return result
+
+
+class _ThreadContexts(list[Any]):
+    """The task SDK's current-context stack, one per thread.
+
+    The SDK keeps one process-wide list (one task per process in Airflow); a worker runs many
+    activities at once on its threads, so each thread sees only the contexts it set.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def _stack(self) -> list[Any]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        stack: list[Any] = self._local.stack
+        return stack
+
+    def append(self, item: Any) -> None:
+        self._stack().append(item)
+
+    def pop(self, index: SupportsIndex = -1) -> Any:
+        return self._stack().pop(index)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._stack()[index]
+
+    def __len__(self) -> int:
+        return len(self._stack())
+
+    def __bool__(self) -> bool:
+        return bool(self._stack())
+
+
+_CONTEXTS = _ThreadContexts()
+
+
+def _per_thread_current_context() -> None:
+    """Installs ``_ThreadContexts`` where the task SDK reads and writes the current context."""
+    from airflow.sdk.definitions._internal import contextmanager
+    from airflow.sdk.execution_time import context
+
+    for module in (contextmanager, context):
+        if getattr(module, "_CURRENT_CONTEXT", None) is not _CONTEXTS:
+            module._CURRENT_CONTEXT = _CONTEXTS  # type: ignore[attr-defined]

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TaskResult,
         TaskSpec,
     )
+    from bridge.trigger_rules import RUN, SKIPPED, decide
     from bridge.worker.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
 
 PARALLEL_ITEMS = 50
@@ -106,6 +107,7 @@ async def _run_items(
                     upstream=template.upstream,
                     map_key=map_key,
                     map_value=value,
+                    upstream_xcoms=template.upstream_xcoms,
                 )
             )
 
@@ -154,7 +156,11 @@ class DagRunWorkflow:
             ups = [running[u] for u in task.upstream]
             running[task.task_id] = asyncio.create_task(self._task(inp, task, ups))
         outcomes = {task_id: await job for task_id, job in running.items()}
-        status = "success" if all(o.status == "succeeded" for o in outcomes.values()) else "failed"
+        # as Airflow: the run failed when a leaf task failed or could not run because of a failure
+        feeding = {u for t in inp.spec.tasks for u in (t.direct or t.upstream)}
+        leaves = [o for t, o in outcomes.items() if t not in feeding]
+        failed_leaf = any(o.status in ("failed", "upstream_failed") for o in leaves)
+        status = "failed" if failed_leaf else "success"
         result = DagRunResult(
             dag_id=inp.spec.dag_id,
             business_date=inp.business_date,
@@ -197,16 +203,27 @@ class DagRunWorkflow:
         self, inp: DagRunInput, task: TaskSpec, upstream: list[asyncio.Task[TaskOutcome]]
     ) -> TaskOutcome:
         ups = [await job for job in upstream]
-        if any(u.status != "succeeded" for u in ups):
-            return TaskOutcome("upstream_failed")
+        outcome = dict(zip(task.upstream, ups, strict=True))
+        direct = task.upstream if task.direct is None else task.direct
+        if any(task.task_id in outcome[u].skip for u in direct):  # a branch not taken
+            return TaskOutcome(SKIPPED)
+        decided = decide(task.trigger_rule, [outcome[u].status for u in direct])
+        if decided != RUN:
+            return TaskOutcome(decided)
         results = {u_id: u.result for u_id, u in zip(task.upstream, ups, strict=True)}
+        wanted = referenced(task)
         template = TaskInput(
             dag_id=inp.spec.dag_id,
             business_date=inp.business_date,
             task=task,
             mode=inp.mode,
-            upstream={k: v for k, v in results.items() if k in referenced(task)},
+            upstream={k: v for k, v in results.items() if k in wanted},
             map_key=inp.map_key,
+            upstream_xcoms={
+                u_id: u.xcoms
+                for u_id, u in zip(task.upstream, ups, strict=True)
+                if u.xcoms and u_id in wanted
+            },
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])
@@ -216,7 +233,14 @@ class DagRunWorkflow:
             _reraise_cancellation(exc)
             return TaskOutcome("failed", error=_error(exc))
         return TaskOutcome(
-            "succeeded", done.result, None, done.duration_ms, (done.key,), done.captured
+            SKIPPED if done.status == SKIPPED else "succeeded",
+            done.result,
+            None,
+            done.duration_ms,
+            (done.key,),
+            done.captured,
+            xcoms=done.xcoms,
+            skip=done.skip,
         )
 
     async def _mapped(self, inp: DagRunInput, template: TaskInput, values: Any) -> TaskOutcome:

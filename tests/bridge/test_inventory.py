@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from bridge.in_airflow.translate import Translation, Untranslatable, inventory, 
 from bridge.spec import TaskKind
 from bridge.worker.execution import business_run, template_context
 from tests.bridge.conftest import REPO
+from tests.bridge.corpus import corpus_dags, dag_bag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 
@@ -58,7 +58,16 @@ def _business_date() -> str:
 # --- python callables using the context -----------------------------------------------------
 
 
-def test_a_context_argument_is_refused() -> None:
+def _runs_through_execute(translation: Translation, *task_ids: str) -> None:
+    """The tasks translate and the worker runs them through their operator's execute (with
+    the worker's context), as Airflow's task runner does."""
+    assert translation.ok, translation.report()
+    assert translation.spec is not None
+    for task_id in task_ids:
+        assert translation.spec.task(task_id).kind is TaskKind.EXECUTE, task_id
+
+
+def test_a_context_argument_runs_through_execute() -> None:
     with _dag("ctx_arg") as dag:
 
         @task
@@ -66,27 +75,49 @@ def test_a_context_argument_is_refused() -> None:
             return str(ti.run_id)
 
         report()
-    refused(translate(dag), "report", "context argument", "'ti'", "Airflow injects it")
+    _runs_through_execute(translate(dag), "report")
 
 
-def test_kwargs_and_ds_of_a_python_operator_are_refused() -> None:
+def test_kwargs_and_ds_of_a_python_operator_run_through_execute() -> None:
     def print_context(ds: str, **kwargs: Any) -> str:
         return ds
 
     with _dag("ctx_kwargs") as dag:
         PythonOperator(task_id="print_the_context", python_callable=print_context)
+    _runs_through_execute(translate(dag), "print_the_context")
+
+
+def test_a_context_argument_or_read_the_worker_lacks_is_refused() -> None:
+    def run_this(test_mode: bool) -> None:
+        pass
+
+    def prev(**context: Any) -> Any:
+        return context["prev_data_interval_start_success"]
+
+    with _dag("ctx_missing") as dag:
+        PythonOperator(task_id="run_this", python_callable=run_this)
+        PythonOperator(task_id="prev", python_callable=prev)
     translation = translate(dag)
-    refused(translation, "print_the_context", "**kwargs", "whole context")
-    refused(translation, "print_the_context", "context argument", "'ds'")
+    refused(translation, "run_this", "context argument", "'test_mode'", "lacks")
+    refused(translation, "prev", "context variable", "prev_data_interval_start_success")
 
 
-def test_templates_dict_is_refused() -> None:
+def test_templates_dict_runs_through_execute() -> None:
     def load(templates_dict: dict[str, str]) -> str:
         return templates_dict["day"]
 
     with _dag("ctx_templates_dict") as dag:
         PythonOperator(task_id="load", python_callable=load, templates_dict={"day": "{{ ds }}"})
-    refused(translate(dag), "load", "context argument", "'templates_dict'")
+    _runs_through_execute(translate(dag), "load")
+
+
+def test_a_fenced_callable_taking_the_context_is_refused() -> None:
+    def charge(fence: Any, ds: str) -> str:
+        return ds
+
+    with _dag("ctx_fenced") as dag:
+        PythonOperator(task_id="charge", python_callable=charge)
+    refused(translate(dag), "charge", "context argument", "fenced or mapped callable")
 
 
 def test_an_argument_passed_by_the_task_is_not_a_context_argument() -> None:
@@ -98,7 +129,7 @@ def test_an_argument_passed_by_the_task_is_not_a_context_argument() -> None:
     assert translate(dag).ok, translate(dag).report()
 
 
-def test_get_current_context_in_a_helper_is_refused() -> None:
+def test_get_current_context_in_a_helper_runs_through_execute() -> None:
     with _dag("ctx_current") as dag:
 
         @task
@@ -106,13 +137,13 @@ def test_get_current_context_in_a_helper_is_refused() -> None:
             return _business_date()
 
         extract()
-    refused(translate(dag), "extract", "get_current_context", "(in _business_date)")
+    _runs_through_execute(translate(dag), "extract")
 
 
 # --- XCom keys -------------------------------------------------------------------------------
 
 
-def test_xcom_push_and_pull_of_keys_in_callables_are_refused() -> None:
+def test_xcom_push_and_pull_of_keys_in_callables_run_through_execute() -> None:
     with _dag("xcom_keys") as dag:
 
         @task
@@ -124,12 +155,26 @@ def test_xcom_push_and_pull_of_keys_in_callables_are_refused() -> None:
             return ti.xcom_pull(task_ids="push", key="order_data")
 
         push() >> pull()
-    translation = translate(dag)
-    refused(translation, "push", "xcom_push", "'order_data'")
-    refused(translation, "pull", "xcom_pull key", "'order_data'")
+    _runs_through_execute(translate(dag), "push", "pull")
 
 
-def test_a_template_pulling_a_key_is_refused() -> None:
+def test_a_callable_pulling_a_task_that_is_not_upstream_is_refused() -> None:
+    with _dag("xcom_unwired") as dag:
+
+        @task
+        def side() -> int:
+            return 1
+
+        @task
+        def reader(ti: Any = None) -> Any:
+            return ti.xcom_pull(task_ids="side")
+
+        side()
+        reader()
+    refused(translate(dag), "reader", "xcom_pull task_ids", "'side'", "not upstream")
+
+
+def test_a_template_pulling_a_key_runs() -> None:
     with _dag("xcom_template_key") as dag:
         first = BashOperator(task_id="first", bash_command="echo 1")
         second = BashOperator(
@@ -137,7 +182,7 @@ def test_a_template_pulling_a_key_is_refused() -> None:
             bash_command="echo {{ ti.xcom_pull(task_ids='first', key='manually_pushed') }}",
         )
         first >> second
-    refused(translate(dag), "second", "xcom_pull key", "'manually_pushed'")
+    _runs_through_execute(translate(dag), "first", "second")
 
 
 def test_a_template_pulling_a_task_that_is_not_upstream_is_refused() -> None:
@@ -147,7 +192,7 @@ def test_a_template_pulling_a_task_that_is_not_upstream_is_refused() -> None:
     refused(translate(dag), "reader", "xcom_pull task_ids", "'side'", "not upstream")
 
 
-def test_consumers_of_multiple_outputs_keys_are_refused_the_producer_is_not() -> None:
+def test_consumers_of_multiple_outputs_keys_run_through_execute() -> None:
     with _dag("multiple_outputs") as dag:
 
         @task(multiple_outputs=True)
@@ -166,9 +211,11 @@ def test_consumers_of_multiple_outputs_keys_are_refused_the_producer_is_not() ->
         show(made["total_order_value"])
         whole(made)
     translation = translate(dag)
-    refused(translation, "show", "multiple_outputs key", "'total_order_value'", "'totals'")
-    # Airflow also pushes the whole dict as the return value: what the worker passes on
-    assert {u.task_id for u in translation.untranslatable} == {"show"}
+    _runs_through_execute(translation, "show")
+    assert translation.spec is not None
+    assert translation.spec.task("totals").multiple_outputs
+    # the whole dict is also the return value: passed on as an argument, no context needed
+    assert translation.spec.task("whole").kind is TaskKind.PYTHON
 
 
 # --- how the callable is run -----------------------------------------------------------------
@@ -225,7 +272,7 @@ def test_task_external_python_is_refused_rather_than_rebuilt() -> None:
     refused(translate(dag), "elsewhere", "_PythonExternalDecoratedOperator", "own environment")
 
 
-def test_raising_airflow_skip_exception_is_refused() -> None:
+def test_raising_airflow_skip_exception_translates() -> None:
     with _dag("skip_exc") as dag:
 
         @task
@@ -235,7 +282,58 @@ def test_raising_airflow_skip_exception_is_refused() -> None:
             return n
 
         maybe(1)
-    refused(translate(dag), "maybe", "AirflowSkipException", "skipped", "fails it")
+    translation = translate(dag)
+    assert translation.ok, translation.report()
+
+
+def test_branching_runs_through_execute_with_its_trigger_rules() -> None:
+    with _dag("branchy") as dag:
+
+        @task.branch
+        def choose() -> str:
+            return "left"
+
+        @task
+        def left() -> int:
+            return 1
+
+        @task
+        def right() -> int:
+            return 2
+
+        @task(trigger_rule="none_failed_min_one_success")
+        def join() -> None:
+            pass
+
+        chosen = choose()
+        chosen >> [left(), right()] >> join()
+    translation = translate(dag)
+    _runs_through_execute(translation, "choose")
+    assert translation.spec is not None
+    assert translation.spec.task("join").trigger_rule == "none_failed_min_one_success"
+    assert translation.spec.task("join").upstream == ("left", "right")
+
+
+def test_a_retry_policy_is_refused() -> None:
+    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
+
+    policy = ExceptionRetryPolicy(rules=[RetryRule(exception=ValueError, action=RetryAction.FAIL)])
+    with _dag("retry_policy") as dag:
+
+        @task(retries=2, retry_policy=policy)
+        def call() -> None:
+            pass
+
+        call()
+    refused(translate(dag), "call", "retry policy", "per exception")
+
+
+def test_latest_only_is_refused() -> None:
+    from airflow.providers.standard.operators.latest_only import LatestOnlyOperator
+
+    with _dag("latest") as dag:
+        LatestOnlyOperator(task_id="latest_only")
+    refused(translate(dag), "latest_only", "latest only", "run type")
 
 
 def test_run_if_is_refused() -> None:
@@ -410,7 +508,7 @@ def test_cli_json_names_each_refusal(tmp_path: Path, capsys: pytest.CaptureFixtu
         "from airflow.sdk import DAG, task\n"
         "with DAG('two', schedule=None, start_date=pendulum.datetime(2024, 1, 1)):\n"
         "    @task\n"
-        "    def a(ti=None):\n"
+        "    def a(test_mode=None):\n"
         "        return 1\n"
         "    a()\n"
     )
@@ -432,19 +530,9 @@ def test_cli_json_names_each_refusal(tmp_path: Path, capsys: pytest.CaptureFixtu
 # --- what works stays translatable; the corpus -----------------------------------------------
 
 
-def _bag(folder: Path | str) -> dict[str, Any]:
-    from airflow.dag_processing.dagbag import DagBag
-
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # as a dag-processor parses: deprecations are no errors
-        bag = DagBag(str(folder), safe_mode=False)
-    print(f"{folder}: {len(bag.dags)} DAGs, {len(bag.import_errors)} files that do not import")
-    return dict(bag.dags)
-
-
 def test_the_dags_the_bridge_runs_stay_translatable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO / "dags"))  # as the DAG folder is put on sys.path
-    dags = {**_bag(REPO / "dags"), **_bag(REPO / "tests" / "bridge" / "airflow_dags")}
+    dags = {**dag_bag(REPO / "dags"), **dag_bag(REPO / "tests" / "bridge" / "airflow_dags")}
     found = {t.dag_id: t for t in inventory(dags.values())}
     for dag_id in ("bridge_whole_graph", "hourly_rollup", "model_deploy"):
         assert found[dag_id].ok, found[dag_id].report()
@@ -456,25 +544,15 @@ def test_the_dags_the_bridge_runs_stay_translatable(monkeypatch: pytest.MonkeyPa
     spec = translate(dags["bridge_whole_graph"]).spec
     assert spec is not None
     assert {t.kind for t in spec.tasks} == {TaskKind.PYTHON}
-    # these never ran the same on the worker (it calls them without a context): now refused
-    refused(found["tenant_webhooks"], "tenants", "**context")
-    refused(found["soc2_nightly_backup"], "backup", "get_current_context")
-    refused(found["etl_daily"], "extract_features", "get_current_context", "_business_date")
-    refused(found["ml_training"], "train", "get_current_context")
+    # they read the context: the worker runs them through their operator with its context
+    _runs_through_execute(found["tenant_webhooks"], "tenants")
+    _runs_through_execute(found["soc2_nightly_backup"], "backup")
+    _runs_through_execute(found["etl_daily"], "extract_features")
+    _runs_through_execute(found["ml_training"], "train")
 
 
 def test_every_example_dag_airflow_ships_is_reported_without_a_crash() -> None:
-    import airflow.example_dags
-    import airflow.providers.common.sql.example_dags
-    import airflow.providers.standard.example_dags
-
-    dags: dict[str, Any] = {}
-    for package in (
-        airflow.example_dags,
-        airflow.providers.standard.example_dags,
-        airflow.providers.common.sql.example_dags,
-    ):
-        dags.update(_bag(package.__path__[0]))
+    dags = corpus_dags()
     assert len(dags) > 50
     found = inventory(dags.values())
     assert sorted(t.dag_id for t in found) == sorted(dags)
@@ -512,7 +590,7 @@ def test_a_rendered_protected_task_still_routes_alone(monkeypatch: pytest.Monkey
     from bridge.in_airflow.router import single_task_spec
 
     monkeypatch.syspath_prepend(str(REPO / "dags"))
-    dag = _bag(REPO / "tests" / "bridge" / "airflow_dags")["bridge_billing"]
+    dag = dag_bag(REPO / "tests" / "bridge" / "airflow_dags")["bridge_billing"]
     charge = copy.deepcopy(dag.task_dict["charge"])
     charge.op_kwargs = {"count": 30, "delay": 0.2, "writer": "manual__1"}  # as Airflow rendered
     spec = single_task_spec(charge, {"dag": dag})

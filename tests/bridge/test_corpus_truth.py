@@ -1,0 +1,261 @@
+"""The truth check: every example DAG the inventory calls translatable runs the same in Airflow
+and through the bridge.
+
+The corpus is the example DAGs Airflow and its standard / common-sql providers ship, read in
+place from the installed packages (``tests.bridge.corpus``). Each DAG is run twice for the same
+business date:
+
+* in Airflow: the shared harness (real scheduler with LocalExecutor, dag-processor, api-server on
+  Postgres) parses the installed example folders as extra bundles; the test triggers a run per
+  DAG through the REST API (logical date = the business date, conf ``{"business_date": ...}``, as
+  the bridge gives its tasks) and reads every task instance's state and ``return_value`` XCom
+  back through the API;
+* through the bridge: ``translate`` makes the spec, the DAG-run workflow runs it on the real
+  Temporal dev server with in-process workers whose catalog is the same installed folders, and
+  the task outcomes are read from the workflow's history (the ``finish_run`` activity's input,
+  written for a failed run too).
+
+It compares, per task, the state (``success`` / ``failed`` / ``upstream_failed`` / ...) and the
+XCom value (only the state for the ``VOLATILE`` tasks, whose output differs between any two
+runs, in Airflow too). The run's own id is the one thing that differs by design (Airflow's run
+id cannot hold the workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
+
+Beside the corpus, ``semantics_dags/trigger_rule_matrix.py`` (this project's) has every trigger
+rule the workflow decides over each mix of upstream outcomes. CI runs it and ``FAST`` (a few
+corpus DAGs covering each kind of task the inventory lets through). The whole translatable share
+runs with::
+
+    EO_FULL_CORPUS=1 flock /tmp/eo-heavy.lock .venv/bin/python -m pytest \\
+        tests/bridge/test_corpus_truth.py -m slow -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError
+
+from airflow_plugins.demo.airflow_api import AirflowApiError
+from airflow_plugins.lease import LeaseStore
+from bridge.config import BridgeConfig
+from bridge.identity import workflow_id
+from bridge.in_airflow.translate import inventory
+from bridge.spec import DagRunInput, DagRunResult
+from bridge.worker.catalog import TaskCatalog
+from bridge.worker.workflows import DagRunWorkflow
+from tests.bridge.conftest import running_worker
+from tests.bridge.corpus import corpus_dags, corpus_folders, dag_bag
+from tests.harness.airflow_harness import EXTRA_DAG_FOLDERS, AirflowHarness
+from tests.harness.fixtures import airflow  # noqa: F401  (the session fixture)
+
+#: This project's DAGs of the semantics no corpus DAG has (every trigger rule over each mix).
+SEMANTICS = Path(__file__).parent / "semantics_dags"
+EXTRA_DAG_FOLDERS.update(corpus_folders())  # the harness parses the installed folders in place
+EXTRA_DAG_FOLDERS["bridge_semantics"] = SEMANTICS
+
+#: A fast subset for CI: Bash with templates, TaskFlow with XComs between tasks, a task group,
+#: a failing task, empty operators in a branchy graph, a provider's DAG; the task context and
+#: XCom keys (tutorial_dag, example_xcom_args), multiple_outputs (tutorial_taskflow_api), skips
+#: and trigger rules (example_skip_dag), branching and short-circuit.
+FAST = (
+    "tutorial",
+    "tutorial_dag",
+    "tutorial_taskflow_api",
+    "example_xcom_args",
+    "example_skip_dag",
+    "example_short_circuit_decorator",
+    "example_nested_branch_dag",
+    "example_task_group_decorator",
+    "example_failed_dag",
+    "example_branch_labels",
+    "example_measurement_correction_decorator",
+    "asset_produces_1",
+    "example_display_name",
+)
+#: Task outputs that differ between any two runs, in Airflow too: their state is compared, their
+#: value is not (by task, with the reason).
+VOLATILE = {
+    "tutorial.print_date": "prints the wall clock (`date`)",
+}
+#: Translatable DAGs this Airflow stack cannot load, by name with the reason (not compared).
+AIRFLOW_CANNOT_LOAD = {
+    "example_custom_weight": "its priority-weight strategy comes from the example plugin, "
+    "which this stack does not install (an import error in Airflow)",
+    "example_workday_timetable": "its timetable comes from the example plugin, which this stack "
+    "does not install (an import error in Airflow)",
+}
+_STATES = {"succeeded": "success"}  # the bridge's outcome names -> Airflow's task states
+RUN_TIMEOUT_S = 600.0
+
+
+def translatable() -> dict[str, Any]:
+    """The corpus DAGs the inventory calls translatable and Airflow loads, by DAG id."""
+    dags = corpus_dags()
+    found = inventory(dags.values())
+    return {t.dag_id: dags[t.dag_id] for t in found if t.ok and t.dag_id not in AIRFLOW_CANNOT_LOAD}
+
+
+def _normal(value: Any, run_id: str) -> Any:
+    """A value as JSON, with the run's own id replaced (the one difference by design)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return json.loads(text.replace(run_id, "<run_id>")) if run_id else json.loads(text)
+
+
+Seen = dict[str, tuple[str, Any]]  # task id -> (state, XCom return value)
+
+
+def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dict[str, Seen]:
+    """Triggers one run per DAG for business date ``day``; returns what Airflow did."""
+    api = harness.client()
+    logical = datetime.fromisoformat(day).replace(tzinfo=UTC)
+    runs = {
+        dag_id: harness.trigger_dag_run(
+            dag_id,
+            {"business_date": day},
+            logical,
+            run_id=f"corpus__{day}__{uuid.uuid4().hex[:6]}",
+        )
+        for dag_id in dag_ids
+    }
+    seen: dict[str, Seen] = {}
+    for dag_id, run_id in runs.items():
+        harness.wait_for_run_state(dag_id, run_id, timeout=RUN_TIMEOUT_S)
+        tasks: Seen = {}
+        for ti in api.task_instances(dag_id, run_id):
+            task_id = ti["task_id"]
+            try:
+                entry = api.request(
+                    "GET",
+                    f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                    "/xcomEntries/return_value",
+                    params={"deserialize": "true", "stringify": "false"},
+                )
+                value = entry["value"]
+            except AirflowApiError as exc:
+                if "404" not in str(exc):
+                    raise
+                value = None
+            tasks[task_id] = (str(ti["state"]), _normal(value, run_id))
+        seen[dag_id] = tasks
+    return seen
+
+
+async def _result_of(client: Client, wid: str) -> DagRunResult:
+    """The run's outcome as the workflow recorded it (the ``finish_run`` activity's input)."""
+    handle = client.get_workflow_handle(wid)
+    with_failure = None
+    try:
+        await handle.result()
+    except WorkflowFailureError as exc:  # a failed task fails the run after recording it
+        with_failure = exc
+    history = await handle.fetch_history()
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        scheduled = event.activity_task_scheduled_event_attributes
+        if scheduled.activity_type.name == "bridge.finish_run":
+            (result,) = await client.data_converter.decode(scheduled.input.payloads, [DagRunResult])
+            assert isinstance(result, DagRunResult)
+            return result
+    raise AssertionError(f"{wid} recorded no result: {with_failure}")
+
+
+def in_bridge(
+    config: BridgeConfig, store: LeaseStore, dags: dict[str, Any], day: str
+) -> dict[str, Seen]:
+    """Runs every DAG's translation as one DAG-run workflow each; returns what they did."""
+    from bridge.in_airflow.translate import translate
+
+    folders = os.pathsep.join(str(f) for f in [*corpus_folders().values(), SEMANTICS])
+    catalog = TaskCatalog(folders)
+    catalog.load()  # on the main thread (Airflow's parser times imports out with SIGALRM)
+
+    async def scenario() -> dict[str, Seen]:
+        async with running_worker(config, store, catalog) as client:
+            ids: dict[str, str] = {}
+            for dag_id, dag in dags.items():
+                spec = translate(dag).spec
+                assert spec is not None, dag_id
+                wid = workflow_id(dag_id, day)
+                await client.start_workflow(
+                    DagRunWorkflow.run,
+                    DagRunInput(spec, day, source="corpus"),
+                    id=wid,
+                    task_queue=config.task_queue(spec.lane),
+                )
+                ids[dag_id] = wid
+            results = await asyncio.gather(*(_result_of(client, w) for w in ids.values()))
+        return {
+            dag_id: {
+                t: (_STATES.get(o.status, o.status), _normal(o.result, ids[dag_id]))
+                for t, o in result.tasks.items()
+            }
+            for dag_id, result in zip(ids, results, strict=True)
+        }
+
+    return asyncio.run(scenario())
+
+
+def compare(airflow_side: dict[str, Seen], bridge_side: dict[str, Seen]) -> list[str]:
+    """Every task whose state or XCom differs, as ``dag.task: airflow ... bridge ...``."""
+    differences: list[str] = []
+    for dag_id, tasks in sorted(airflow_side.items()):
+        theirs = bridge_side.get(dag_id, {})
+        for task_id in sorted(set(tasks) | set(theirs)):
+            a, b = tasks.get(task_id), theirs.get(task_id)
+            if f"{dag_id}.{task_id}" in VOLATILE and a and b:
+                a, b = a[0], b[0]
+            if a != b:
+                differences.append(f"{dag_id}.{task_id}: airflow {a!r}, bridge {b!r}")
+    return differences
+
+
+def _check(
+    harness: AirflowHarness,
+    config: BridgeConfig,
+    store: LeaseStore,
+    dags: dict[str, Any],
+) -> None:
+    day = (date.today() - timedelta(days=40 + uuid.uuid4().int % 200)).isoformat()
+    airflow_side = in_airflow(harness, dags, day)
+    bridge_side = in_bridge(config, store, dags, day)
+    tasks = sum(len(t) for t in airflow_side.values())
+    differences = compare(airflow_side, bridge_side)
+    same = len(dags) - len({d.split(".", 1)[0] for d in differences})
+    print(f"\ncorpus comparison: {same}/{len(dags)} DAGs identical ({tasks} tasks)")
+    for line in differences:
+        print(f"  {line}")
+    assert not differences, "\n".join(differences)
+    assert tasks >= len(dags)  # every DAG ran at least one task in Airflow
+
+
+def test_fast_subset_of_the_corpus_runs_the_same_in_airflow_and_the_bridge(
+    airflow: AirflowHarness,  # noqa: F811
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+) -> None:
+    dags = translatable()
+    missing = [d for d in FAST if d not in dags]
+    assert not missing, f"the inventory no longer calls these translatable: {missing}"
+    _check(airflow, config, lease_store, {**{d: dags[d] for d in FAST}, **dag_bag(SEMANTICS)})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_whole_translatable_share_runs_the_same_in_airflow_and_the_bridge(
+    airflow: AirflowHarness,  # noqa: F811
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+) -> None:
+    if os.environ.get("EO_FULL_CORPUS") != "1":
+        pytest.skip("the whole corpus takes minutes: EO_FULL_CORPUS=1 runs it (module docstring)")
+    _check(airflow, config, lease_store, {**translatable(), **dag_bag(SEMANTICS)})
