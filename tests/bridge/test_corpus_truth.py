@@ -21,12 +21,14 @@ runs, in Airflow too). The run's own id is the one thing that differs by design 
 id cannot hold the workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
 
 Beside the corpus, ``semantics_dags/trigger_rule_matrix.py`` (this project's) has every trigger
-rule the workflow decides over each mix of upstream outcomes. CI runs it and ``FAST`` (a few
+rule the workflow decides over each mix of upstream outcomes, compared with ``FAST`` (a few
 corpus DAGs covering each kind of task the inventory lets through). The whole translatable share
 runs with::
 
-    EO_FULL_CORPUS=1 flock /tmp/eo-heavy.lock .venv/bin/python -m pytest \\
-        tests/bridge/test_corpus_truth.py -m slow -s
+    EO_FULL_CORPUS=1 .venv/bin/python -m pytest tests/bridge/test_corpus_truth.py -m extended -s
+
+and the fast subset alone with ``-m extended -k fast`` (the module is ``extended``: the README's
+test command leaves it out).
 """
 
 from __future__ import annotations
@@ -59,8 +61,18 @@ from tests.harness.fixtures import airflow  # noqa: F401  (the session fixture)
 
 #: This project's DAGs of the semantics no corpus DAG has (every trigger rule over each mix).
 SEMANTICS = Path(__file__).parent / "semantics_dags"
-EXTRA_DAG_FOLDERS.update(corpus_folders())  # the harness parses the installed folders in place
-EXTRA_DAG_FOLDERS["bridge_semantics"] = SEMANTICS
+# about 115 example DAGs parsed all session long would load every other scenario's stack: the
+# module is "extended" (not in the test command), and its folders join the harness only when
+# its tests are collected (tests/conftest.py calls this)
+
+
+def add_dag_folders() -> None:
+    """Has the session's harness parse the installed example folders in place, and ours."""
+    EXTRA_DAG_FOLDERS.update(corpus_folders())
+    EXTRA_DAG_FOLDERS["bridge_semantics"] = SEMANTICS
+
+
+pytestmark = pytest.mark.extended
 
 #: A fast subset for CI: Bash with templates, TaskFlow with XComs between tasks, a task group,
 #: a failing task, empty operators in a branchy graph, a provider's DAG; the task context and

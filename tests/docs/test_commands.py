@@ -132,7 +132,8 @@ def _temporal(folder: Path) -> Iterator[str]:
     from tests.bridge.conftest import dev_server
 
     port = TEMPORAL_PORT
-    yield from dev_server(folder, port, http_port=port + 10, metrics_port=port + 20)
+    with dev_server(folder, port, http_port=port + 10, metrics_port=port + 20) as address:
+        yield address
 
 
 @pytest.fixture
