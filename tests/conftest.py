@@ -97,7 +97,9 @@ def store_backends(dsn: str, application_name: str = "runlease") -> list[int]:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Adds the corpus truth check's DAG folders to the shared Airflow harness when (only when)
     its tests were selected: before any session fixture starts a stack."""
-    if any(item.nodeid.startswith("tests/bridge/test_corpus_truth.py") for item in session.items):
+    truth = "tests.bridge.test_corpus_truth"
+    modules = {getattr(getattr(item, "module", None), "__name__", "") for item in session.items}
+    if truth in modules:
         from tests.bridge.test_corpus_truth import add_dag_folders
 
         add_dag_folders()

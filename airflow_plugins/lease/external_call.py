@@ -297,10 +297,13 @@ class ExternalCalls:
         fence adds a fraction of two commits per item. ``send`` (and ``lookup``) run on up to
         ``in_flight`` threads at once and must be thread-safe (the stripe SDK's client is);
         the sink connection is used by the calling thread only. The next ``in_flight`` items
-        are claimed while the claimed ones are at the processor. Results are in the order of
-        ``calls``. When an item's call fails, no further item is sent; the calls in flight are
-        finished and their answers recorded; then the first error is raised (the items not
-        reached stay as they were, an intended one is sent again with its key later).
+        are claimed while the claimed ones are at the processor (not with ``lookup``: see
+        ``_in_flight``). Results are in the order of ``calls``. When an item's send fails, no
+        further item is sent; the calls in flight are finished and their answers recorded;
+        then the first error is raised. When the sink or the fence refuses (``StaleToken``, a
+        lost connection) or the holder is told to stop, the answers in flight are not recorded.
+        Either way the items not recorded stay intended and are sent again with their keys
+        later (the processor replays, or ``lookup`` finds them).
 
         Raises:
             InvalidLeaseInput: an item listed twice, or ``in_flight`` < 1.
@@ -343,16 +346,20 @@ class ExternalCalls:
         """``call_many``'s window: ``in_flight`` threads send; the next ``in_flight`` items
         are claimed and queued for them while they do (a thread that finishes takes the next
         at once); the answers are recorded as they come back (those that came together, in
-        one statement)."""
+        one statement). With ``lookup`` (a processor that may not replay by key) nothing is
+        claimed ahead: a holder frozen past its lease then holds at most ``in_flight`` claimed,
+        unsent items, as many as it has slots, not twice that."""
         waiting = collections.deque(outs)
         queued: dict[Future[tuple[CallAnswer, bool]], OutgoingCall] = {}
         failure: BaseException | None = None
-        abandoned = threading.Event()  # the holder stopped: the retries in flight end
+        abandoned = threading.Event()  # the holder stopped or was superseded: no more sends
+        room = in_flight if lookup is None else in_flight - 1  # queued beyond the slots
         with ThreadPoolExecutor(in_flight, thread_name_prefix="external-call") as pool:
             try:
                 while queued or (waiting and failure is None):
-                    if failure is None and waiting and len(queued) <= in_flight:
-                        for out, row in self._claim_ahead(waiting, in_flight, results):
+                    if failure is None and waiting and len(queued) <= room:
+                        count = in_flight if lookup is None else in_flight - len(queued)
+                        for out, row in self._claim_ahead(waiting, count, results):
                             job = pool.submit(self._resolve, out, row, send, lookup, abandoned)
                             queued[job] = out
                         if not queued:
@@ -361,6 +368,8 @@ class ExternalCalls:
                     answered, failed = _collect(finished, queued)
                     if failed is not None and failure is None:
                         failure = failed  # the first one is raised, after the rest
+                        if isinstance(failed, StaleToken):  # superseded: the retries stop too
+                            abandoned.set()
                         for later in queued:  # no further item is sent
                             later.cancel()
                     if answered:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Protocol
 
 import psycopg
@@ -354,7 +354,17 @@ class Fence:
             )
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise InvalidLeaseInput(f"in_flight is an integer >= 1, not {in_flight!r}")
-        pairs = list(calls)
+        return self._plain_calls(list(calls), send, record, in_flight)
+
+    def _plain_calls(
+        self,
+        pairs: list[tuple[str, dict[str, Any]]],
+        send: Send,
+        record: Record | None,
+        in_flight: int,
+    ) -> list[CallResult]:
+        """Protection off: the plain calls (no key, no ledger), each answer recorded on this
+        thread as it comes back; on a failure the rest are not sent and the first is raised."""
 
         def plain(pair: tuple[str, dict[str, Any]]) -> CallResult:
             self.check()
@@ -370,8 +380,23 @@ class Fence:
 
         if in_flight == 1:
             return [kept(plain(pair)) for pair in pairs]
+        done: dict[int, CallResult] = {}
+        failure: BaseException | None = None
         with ThreadPoolExecutor(in_flight) as pool:
-            return [kept(result) for result in pool.map(plain, pairs)]
+            jobs = {pool.submit(plain, pair): n for n, pair in enumerate(pairs)}
+            for job in as_completed(jobs):  # each answer recorded as it comes back
+                if job.cancelled():
+                    continue
+                try:
+                    done[jobs[job]] = kept(job.result())
+                except BaseException as exc:  # the first is raised once the others are in
+                    if failure is None:
+                        failure = exc
+                        for later in jobs:
+                            later.cancel()
+        if failure is not None:
+            raise failure
+        return [done[n] for n in range(len(pairs))]
 
     def close(self) -> None:
         """Closes the sink connection, if one was opened."""

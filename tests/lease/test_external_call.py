@@ -565,3 +565,44 @@ def test_fence_external_call_many_unprotected_charges_plainly(
         assert [r.item for r in got] == names
     assert per_customer(processor) == dict.fromkeys(names, 2)
     assert sink_rows(sink_db) == dict.fromkeys(names, 2)
+
+
+@pytest.mark.parametrize("with_lookup", [True, False])
+def test_with_lookup_no_item_is_claimed_ahead_of_a_free_slot(
+    store: LeaseStore, sink_db: str, with_lookup: bool
+) -> None:
+    # a processor that may not replay by key: a holder frozen past its lease must hold no more
+    # claimed, unsent items than it has slots (each is a charge its lookup-less window allows)
+    names = [f"cust-{i:04d}" for i in range(1, 21)]
+    most = 0
+    lock = threading.Lock()
+    watch = psycopg.connect(sink_db, autocommit=True)
+    OPEN.append(watch)
+    with PaymentProcessor(latency=0.05, idempotency=not with_lookup, check_tokens=True) as p:
+        client = billing_charges.stripe_client(p.url)
+        real = billing_charges.stripe_sender(client)
+
+        def watched(call: OutgoingCall) -> CallAnswer:
+            nonlocal most
+            with lock:
+                (intended,) = watch.execute(
+                    "SELECT count(*) FROM runfence.external_call "
+                    "WHERE key = %s AND state = 'intended'",
+                    (KEY,),
+                ).fetchone() or (0,)
+                most = max(most, int(intended))
+            return real(call)
+
+        ext = calls(sink_db, holder(store, "b"))
+        done = ext.call_many(
+            [(c, billing_charges.charge_params(DAY, c)) for c in names],
+            watched,
+            lookup=billing_charges.stripe_lookup(client) if with_lookup else None,
+            in_flight=4,
+        )
+        assert [r.state for r in done] == ["accepted"] * len(names)
+        assert per_customer(p) == dict.fromkeys(names, 1)
+    if with_lookup:
+        assert most <= 4
+    else:
+        assert most > 4  # claimed one batch ahead (a processor replaying by key makes it safe)

@@ -129,11 +129,12 @@ work:
               the intent row, no ledger row) and the answer's record (the answer, then the
               ledger row as ledger_claim below, then the caller's writes). The processor's
               side of the call is not modelled. Either step may take a batch of items
-              (call_many): one advance, then the items' writes, one commit. Under the fence
-              row's lock no other holder's fenced step runs, so a batch is this holder's
-              per-item steps run back to back (one guard, as each would pass it), and a batch
-              cut or rolled back leaves what a fault on its first item leaves: the model's
-              interleavings include every batch's.
+              (call_many): one advance, then the items' writes, one commit. The model does
+              not check batches: it has one item outstanding per holder, in order. That a
+              batch is safe is argued, not checked: each item's write is guarded by the same
+              token check under the fence row's lock, and the ledger and the intended state
+              are per item, so a batch cannot accept a superseded token's write or do an
+              item twice that one item at a time could not.
               @sql queries:external_call_claim sha=32baf2ce8290
               @sql queries:external_call_answer sha=52824dbd37ac */
            atomic { sink_up && fence_lock == NOBODY ->
