@@ -14,7 +14,8 @@ clock: the ledger then decides). Plain mode is the plugin disabled: every item
 written, no lease, no fence.
 
 A holder of a processor group (``Config.processor_url``) charges each item at the payment
-processor instead, as ``dags/billing_charges.py`` does: through ``ExternalCalls.call`` with the
+processor instead, as ``dags/billing_charges.py`` does: through ``ExternalCalls.call`` (or, with
+``Config.in_flight`` > 1, ``ExternalCalls.call_many``, that many at the processor at once) with the
 stripe SDK's sender (the item's idempotency key, the fence's token headers), its ``record``
 writing the item's sink row with the processor's answer; plain, it charges with no key and no
 ledger, then writes the row (what the demo's disabled plugin does). The item's work comes after
@@ -57,6 +58,7 @@ from airflow_plugins.lease.external_call import (
     ExternalCalls,
     OutgoingCall,
     ProcessorUnavailable,
+    Record,
     RetryPolicy,
 )
 from airflow_plugins.lease.sink_fence import FencedWrite
@@ -86,6 +88,7 @@ class Config:
     item_sleep: float
     key_deadline: float = 60.0
     processor_url: str = ""  # set: this holder charges each item at the payment processor
+    in_flight: int = 1  # > 1: charges through ExternalCalls.call_many, that many at a time
 
     @property
     def plain(self) -> bool:
@@ -266,6 +269,9 @@ def _processor_key(
         def record(tx: FencedWrite, result: CallResult) -> None:
             tx.conn.execute(WRITE, (key, result.item, tx.token, cfg.name))
 
+        if cfg.in_flight > 1:
+            _call_many(calls, sink, cfg, state, key, send, keeper, record)
+            return
         n = 0
         while n < cfg.items:
             keeper.check()
@@ -283,6 +289,33 @@ def _processor_key(
             n += 1
 
     return _leased_key(store, sink, cfg, state, key, items)
+
+
+def _call_many(
+    calls: ExternalCalls,
+    sink: Sink,
+    cfg: Config,
+    state: Any,
+    key: str,
+    send: Any,
+    keeper: LeaseKeeper,
+    record: Record,
+) -> None:
+    """Every item of the key through ``call_many`` until it returns: after an error the items
+    recorded are answered from the ledger, the rest (intended, claimed ahead or cut off) are
+    sent again with their keys."""
+    todo = [(f"item-{n:03d}", charge_params(key, f"item-{n:03d}")) for n in range(cfg.items)]
+    while True:
+        keeper.check()
+        try:
+            calls.call_many(todo, send, record=record, in_flight=cfg.in_flight)
+            return
+        except psycopg.OperationalError:
+            sink.drop()  # fate unknown: the ledger decides on the retry
+        except ProcessorUnavailable:
+            time.sleep(0.05)  # the items stay intended: sent again, same keys
+        finally:
+            _set(cfg, state, LEASE)
 
 
 def _plain_processor_key(sink: Sink, cfg: Config, state: Any, key: str, send: Any) -> str:

@@ -19,7 +19,9 @@ With ``--processor-groups N``, N of the groups charge each item at a payment pro
 demo's Stripe stand-in, in a process of its own) through ``ExternalCalls.call`` with the stripe
 SDK, as ``dags/billing_charges.py`` does, the record writing the item's sink row: one processor
 honouring idempotency keys, and (fenced, N >= 2) every second processor group on a second one
-that also checks fencing tokens. Plain, those holders charge with no key and no ledger. Half of
+that also checks fencing tokens; every third processor group (the third, the sixth) charges
+through ``ExternalCalls.call_many`` instead, four items at the processor at once (claims and
+records in batches). Plain, those holders charge with no key and no ledger. Half of
 the process faults (by the seed) are aimed at a holder in the window between the processor's
 answer and the record, when one is there (the incident's window); the log marks such faults.
 Faults at the processors themselves join them: the processor a holder's group charges at
@@ -84,6 +86,8 @@ TCP_KINDS = tuple(
     for route in ("store", "sink")
     for fault in ("blackhole", "reset", "slow", "ambiguous_commit")
 )
+# a batched processor group's holders: items at the processor at once (ExternalCalls.call_many)
+BATCHED_IN_FLIGHT = 4
 # with --processor-groups: at the processor the slot's group charges at, consumed by its next
 # charge requests: it answers 500 before charging, drops the connection, or charges and answers
 # after the holder's client timed out (the ambiguous answer)
@@ -142,6 +146,7 @@ class Campaign:
     keys: dict[str, list[str]] = field(default_factory=dict)
     current: dict[int, str] = field(default_factory=dict)  # group -> its key in work
     processor_keys: dict[str, str] = field(default_factory=dict)  # key -> its processor
+    batched_keys: list[str] = field(default_factory=list)  # charged through call_many
     log: list[dict[str, Any]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
     spawned: int = 0
@@ -188,6 +193,10 @@ class Campaign:
             return "tokens"
         return "idempotent"
 
+    def in_flight_of(self, group: int) -> int:
+        """How many items ``group``'s holders have at the processor at once (1: ``call``)."""
+        return BATCHED_IN_FLIGHT if self.processor_of(group) and group % 3 == 2 else 1
+
     def spawn(self, slot: Slot) -> None:
         """Starts (or replaces) the slot's process and sends it the keys it has not done."""
         cfg = Config(
@@ -199,6 +208,7 @@ class Campaign:
             ttl=self.ttl,
             item_sleep=self.item_sleep,
             processor_url=self.processors.get(slot.processor, ""),
+            in_flight=self.in_flight_of(slot.group),
         )
         slot.lives += 1
         ours, theirs = self.ctx.Pipe()
@@ -228,6 +238,8 @@ class Campaign:
         self.current[group] = key
         if processor := self.processor_of(group):
             self.processor_keys[key] = processor
+            if self.in_flight_of(group) > 1:
+                self.batched_keys.append(key)
         for slot in self.slots[group * self.holders : (group + 1) * self.holders]:
             self.send(slot, key)
 
@@ -521,6 +533,7 @@ def _campaign(
         seconds=seconds,
         faults_per_second=round(len(run.log) / seconds, 2),
         holder_processes=run.spawned,
+        batched_processor_keys=len(run.batched_keys),
     )
     print(json.dumps(verdict))
     return verdict

@@ -3,15 +3,15 @@
 With the plugin (on a private Postgres restarted and crashed under it, its TCP paths
 black-holed, reset, slowed, its commits made ambiguous), the independent checker finds no
 duplicate, no stale write, no missed item, no wedged key and no holder stuck; with the plugin
-disabled (holders writing without lease and fence) the same checker finds the duplicates, so
-it is shown to catch them. Three of the six groups charge each item at the payment processor
-(the stripe SDK through ``ExternalCalls.call``, one processor honouring idempotency keys, one
-also checking fencing tokens), process faults aimed at the window between the processor's
-answer and the sink's record, and the processors themselves answering 500, dropping the
-connection, or charging and answering after the client timed out: with the plugin no item is
-charged twice or missed at the processor; without it (no idempotency key, no ledger) the
-checker finds items charged twice at the processor. Each seed that once found a failure stays
-here as a regression case, with what it found.
+disabled (holders writing without lease and fence) the same checker finds the duplicates, so it
+is shown to catch them. Three of the six groups charge each item at the payment processor (the
+stripe SDK through ``ExternalCalls.call``, the third group through ``call_many``, one processor
+honouring idempotency keys, one also checking fencing tokens), process faults aimed at the
+window between the processor's answer and the sink's record, and the processors themselves
+answering 500, dropping the connection, or charging and answering after the client timed out:
+with the plugin no item is charged twice or missed at the processor; without it (no idempotency
+key, no ledger) the checker finds items charged twice at the processor. Each seed that once
+found a failure stays here as a regression case, with what it found.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def test_fenced_holders_under_faults_write_every_item_once() -> None:
     # charged at the processor, a holder frozen or killed before its record among the faults
     assert verdict["processor_runs"] > 0
     assert verdict["processor_charges"] == verdict["processor_items"]
+    assert verdict["batched_processor_keys"] > 0  # some charged through call_many
     assert verdict["faults_in_call_window"] > 0
     _clean(verdict)
 
