@@ -43,6 +43,7 @@ from airflow_plugins.lease.command_line import (
 from bridge.comparison import readiness, recent
 from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
 from bridge.cutover import CutoverMode, ModeChangeRefused, ModeStore, migrate_bridge
+from bridge.spec import DagSpec
 from bridge.temporal.client import connect
 
 EXIT_REFUSED = 1
@@ -121,6 +122,13 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             note = _check_shadow(args, config)
             if note:
                 print(f"note: {note}", file=sys.stderr)
+        # entering temporal-scheduled: the DAG must translate and its timetable fit a Temporal
+        # Schedule before anything changes
+        scheduled = (
+            _scheduled_spec(args, config)
+            if target is CutoverMode.TEMPORAL_SCHEDULED and current is not target
+            else None
+        )
         verdict = readiness(store, args.dag_id, config.ready_after)
         change = modes.set(
             args.dag_id,
@@ -147,7 +155,10 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
                 f"{args.dag_id}: {change.previous.value} -> {change.current.value} "
                 f"(v{change.version})"
             )
-        _apply_schedule(args, config, current, target)
+        if scheduled is not None:
+            _enter_schedule(args, config, modes, change.previous, scheduled)
+        elif current is CutoverMode.TEMPORAL_SCHEDULED and target is not current:
+            _leave_schedule(args, config)
         return 0
 
 
@@ -189,40 +200,98 @@ def cmd_mode_check(args: argparse.Namespace, config: BridgeConfig) -> int:
     return 0
 
 
-def _apply_schedule(
-    args: argparse.Namespace, config: BridgeConfig, current: CutoverMode, target: CutoverMode
+def _scheduled_spec(args: argparse.Namespace, config: BridgeConfig) -> DagSpec:
+    """The spec a Temporal Schedule of ``args.dag_id`` would start (checked, nothing changed).
+
+    Raises:
+        ConfigError: no DAG folder, or the DAG is not in it.
+        UntranslatableDag: tasks the bridge cannot run (named).
+        NoCronSchedule: no cron, or a timetable a Schedule cannot reproduce (named).
+    """
+    from bridge.in_airflow.translate import UntranslatableDag, translate
+    from bridge.temporal.schedule import schedule_spec
+
+    folder = args.dags_folder or config.dags_folder
+    if not folder:
+        raise ConfigError(
+            f"{args.dag_id}: temporal-scheduled runs the DAG's code from the DAG folder: give "
+            "--dags-folder (or BRIDGE_DAGS_FOLDER)"
+        )
+    dag = _dags(folder).get(args.dag_id)
+    if dag is None:
+        raise ConfigError(f"{args.dag_id} is not in the DAG folder {folder}")
+    translation = translate(dag)
+    if translation.spec is None:
+        raise UntranslatableDag(translation)
+    schedule_spec(translation.spec)
+    return translation.spec
+
+
+def _enter_schedule(
+    args: argparse.Namespace,
+    config: BridgeConfig,
+    modes: ModeStore,
+    previous: CutoverMode,
+    spec: DagSpec,
 ) -> None:
-    entering = target is CutoverMode.TEMPORAL_SCHEDULED
-    leaving = current is CutoverMode.TEMPORAL_SCHEDULED
-    if not entering and not leaving:
-        return
+    """Creates the DAG's Temporal Schedule, then pauses the Airflow DAG. When the Schedule
+    cannot be created the mode change is undone (an audited move back to ``previous``), so
+    the DAG is never left in ``temporal-scheduled`` with nothing scheduling it."""
     from bridge.temporal import schedule
 
-    async def run() -> None:
+    async def create() -> str:
         client = await connect(config)
-        if entering:
-            from bridge.in_airflow.translate import UntranslatableDag, translate
+        return await schedule.create_schedule(
+            client, spec, config.task_queue(spec.lane), overlap=args.overlap
+        )
 
-            dag = _dags(args.dags_folder or config.dags_folder).get(args.dag_id)
-            if dag is None:
-                raise ConfigError(f"{args.dag_id} is not in the DAG folder")
-            translation = translate(dag)
-            if translation.spec is None:
-                raise UntranslatableDag(translation)
-            queue = config.task_queue(translation.spec.lane)
-            sid = await schedule.create_schedule(
-                client, translation.spec, queue, overlap=args.overlap
-            )
-            print(f"created Temporal schedule {sid}")
-        else:
-            await schedule.delete_schedule(client, args.dag_id)
-            print(f"deleted Temporal schedule {schedule.schedule_id(args.dag_id)}")
+    try:
+        sid = asyncio.run(create())
+    except Exception as exc:
+        modes.set(
+            args.dag_id,
+            previous,
+            actor=args.actor,
+            reason=f"undone: the Temporal schedule could not be created ({type(exc).__name__})",
+            force=True,
+        )
+        print(f"{args.dag_id}: undone, back to {previous.value}", file=sys.stderr)
+        raise
+    print(f"created Temporal schedule {sid}")
+    _airflow_pause(args, "pause")
 
-    asyncio.run(run())
-    if not args.no_airflow_pause:
-        verb = "pause" if entering else "unpause"
-        done = subprocess.run(["airflow", "dags", verb, args.dag_id], capture_output=True)
-        print(f"airflow dags {verb} {args.dag_id}: exit {done.returncode}")
+
+def _leave_schedule(args: argparse.Namespace, config: BridgeConfig) -> None:
+    """Deletes the DAG's Temporal Schedule and unpauses the Airflow DAG. A rollback never
+    waits on Temporal: the mode has changed already (a tick now starts nothing, see
+    ``ScheduledDagWorkflow``) and Airflow is unpaused even when the delete fails, which is
+    then reported with the Schedule's id, to delete when Temporal is back."""
+    from bridge.temporal import schedule
+
+    async def delete() -> None:
+        await schedule.delete_schedule(await connect(config), args.dag_id)
+
+    try:
+        asyncio.run(delete())
+    except Exception:
+        _airflow_pause(args, "unpause")
+        print(
+            f"{args.dag_id}: the Temporal schedule {schedule.schedule_id(args.dag_id)} is still "
+            "there (its ticks start nothing outside temporal-scheduled): delete it with "
+            f"`temporal schedule delete --schedule-id {schedule.schedule_id(args.dag_id)}`",
+            file=sys.stderr,
+        )
+        raise
+    print(f"deleted Temporal schedule {schedule.schedule_id(args.dag_id)}")
+    _airflow_pause(args, "unpause")
+
+
+def _airflow_pause(args: argparse.Namespace, verb: str) -> None:
+    """``airflow dags pause|unpause DAG`` (unless ``--no-airflow-pause``)."""
+    if args.no_airflow_pause:
+        return
+    done = subprocess.run(["airflow", "dags", verb, args.dag_id], capture_output=True)
+    print(f"airflow dags {verb} {args.dag_id}: exit {done.returncode}")
 
 
 def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:

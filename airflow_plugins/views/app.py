@@ -352,18 +352,34 @@ def change_mode(
     force: Annotated[bool, Form()] = False,
 ) -> RedirectResponse:
     actor = access.require_admin(request, user, dag_id)
+    from airflow_plugins.watcher.settings import lease_store_dsn
     from bridge.comparison import readiness
     from bridge.cutover import CutoverMode, ModeStore
     from bridge.in_airflow import shadow_check
 
     store = _store(request)
     with _refused_as(status.HTTP_409_CONFLICT):
+        target = CutoverMode.parse(mode)
+        modes = ModeStore(store)
+        if CutoverMode.TEMPORAL_SCHEDULED in (target, modes.get(dag_id)):
+            # the Temporal Schedule created or deleted and the Airflow DAG paused or unpaused,
+            # as `bridge mode set` does it, in a child process (no temporalio in the api-server)
+            before, after = shadow_check.set_scheduled_in_child(
+                dag_id,
+                target.value,
+                actor=actor,
+                reason=reason,
+                force=force,
+                lease_dsn=lease_store_dsn(),
+                mode_now=lambda: modes.get(dag_id).value,
+            )
+            return _back(request, "migration", f"{dag_id}: {before} -> {after}")
         # the same gate as `bridge mode set DAG shadow` (also skipped by force), run on the DAG
         # folder in a child process: DAG code never runs in the api-server
-        if CutoverMode.parse(mode) is CutoverMode.SHADOW and not force:
+        if target is CutoverMode.SHADOW and not force:
             shadow_check.check_in_child(dag_id, shadow_check.dags_folder())
         verdict = readiness(store, dag_id, _ready_after())
-        change = ModeStore(store).set(
+        change = modes.set(
             dag_id,
             mode,
             actor=actor,

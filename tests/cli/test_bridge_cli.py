@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from airflow_plugins.lease import LEASE_STORE, migrate
-from bridge.cutover import migrate_bridge
+from airflow_plugins.lease import LEASE_STORE, LeaseStore, migrate
+from bridge.cutover import ModeStore, migrate_bridge
 from bridge.sql import query
 
 
@@ -137,3 +138,68 @@ def test_cutover_refusal_says_what_the_shadow_runs_lack(empty_db: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ready_x: shadow -> temporal (v2)"
+
+
+SCHEDULED_DAGS = """
+from datetime import datetime
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, task
+
+with DAG("nightly_ok", schedule="0 2 * * *", start_date=datetime(2024, 1, 1), catchup=False):
+    @task
+    def total():
+        return 1
+
+    total()
+
+with DAG("nightly_chain", schedule="0 2 * * *", start_date=datetime(2024, 1, 1), catchup=False):
+    TriggerDagRunOperator(task_id="next_dag", trigger_dag_id="nightly_ok")
+"""
+
+
+def _mode_history(dsn: str, dag_id: str) -> list[tuple[str, str]]:
+    with LeaseStore(dsn) as store:
+        return [(r["input"]["from"], r["output"]["to"]) for r in store.history(f"{dag_id}/cutover")]
+
+
+def test_temporal_scheduled_changes_nothing_until_its_schedule_exists(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """Entering temporal-scheduled: a DAG that does not translate is refused before any change;
+    a Temporal that cannot create the Schedule undoes the change (audited), so the DAG is never
+    left in temporal-scheduled with nothing scheduling it (it was, before the fix)."""
+    migrate(empty_db, LEASE_STORE)
+    migrate_bridge(empty_db)
+    (tmp_path / "nightly.py").write_text(SCHEDULED_DAGS)
+    env = {
+        "BRIDGE_LEASE_DSN": empty_db,
+        "BRIDGE_DAGS_FOLDER": str(tmp_path),
+        "BRIDGE_TEMPORAL_ADDR": "127.0.0.1:1",  # nothing listens: the Schedule cannot be made
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    with LeaseStore(empty_db) as store:
+        for dag_id in ("nightly_ok", "nightly_chain"):
+            for mode in ("shadow", "temporal"):
+                ModeStore(store).set(dag_id, mode, actor="ops", reason="setup", force=True)
+    common = ("--actor", "ops", "--reason", "schedule in temporal", "--no-airflow-pause")
+    refused = bridge("mode", "set", "nightly_chain", "temporal-scheduled", *common, **env)
+    assert refused.returncode == 1, refused.stderr
+    assert "bridge: error: nightly_chain" in refused.stderr
+    assert "next_dag" in refused.stderr
+    assert _mode_history(empty_db, "nightly_chain") == [
+        ("airflow", "shadow"),
+        ("shadow", "temporal"),
+    ]
+
+    undone = bridge("mode", "set", "nightly_ok", "temporal-scheduled", *common, **env)
+    assert undone.returncode != 0
+    assert "nightly_ok: undone, back to temporal" in undone.stderr
+    assert bridge("--json", "mode", "get", "nightly_ok", **env).stdout.strip() == (
+        '{"dag_id": "nightly_ok", "mode": "temporal"}'
+    )
+    assert _mode_history(empty_db, "nightly_ok") == [
+        ("airflow", "shadow"),
+        ("shadow", "temporal"),
+        ("temporal", "temporal-scheduled"),
+        ("temporal-scheduled", "temporal"),
+    ]

@@ -84,6 +84,23 @@ GATE_DAGS = textwrap.dedent(
             extract() >> BashOperator(task_id="notify", bash_command="echo sent")
     """
 )
+# the page's temporal-scheduled change: a DAG with a cron that translates
+SCHEDULED_DAG = textwrap.dedent(
+    """
+    from datetime import datetime
+    from airflow.sdk import DAG, task
+
+    with DAG(
+        "page_scheduled", schedule="0 2 * * *", start_date=datetime(2024, 1, 1), catchup=False
+    ):
+
+        @task
+        def total():
+            return 1
+
+        total()
+    """
+)
 PLUGIN = textwrap.dedent(
     """
     from airflow_plugins.protection.plugin import ExactlyOncePlugin  # noqa: F401
@@ -149,6 +166,7 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
     (home / "plugins").mkdir()
     (home / "dags" / "compliance_minutely.py").write_text(OPTED_IN_DAG)
     (home / "dags" / "gate_dags.py").write_text(GATE_DAGS)
+    (home / "dags" / "page_scheduled.py").write_text(SCHEDULED_DAG)
     (home / "plugins" / "exactly_once_views.py").write_text(PLUGIN)
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({name: pw for name, pw in USERS.values()}))
@@ -176,6 +194,8 @@ def airflow_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowApi
         "AIRFLOW__API_AUTH__JWT_SECRET": "views-test-secret-not-for-production",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{API_PORT}",
         "AIRFLOW__EXACTLY_ONCE__LEASE_DSN": lease_dsn,
+        # no Temporal for the pages: a change into temporal-scheduled cannot make its Schedule
+        "BRIDGE_TEMPORAL_ADDR": "127.0.0.1:1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
