@@ -26,7 +26,10 @@ the process faults (by the seed) are aimed at a holder in the window between the
 answer and the record, when one is there (the incident's window); the log marks such faults.
 Faults at the processors themselves join them: the processor a holder's group charges at
 answers its next requests with a 500 (nothing charged), drops the connection, or charges and
-answers only after the holder's client timed out (the ambiguous answer).
+answers only after the holder's client timed out (the ambiguous answer); and on the holder's TCP
+route to the processor (each holder reaches its processor through the proxy too): black-holed
+(a request out then may be charged with its answer held back past the client's timeout) or
+reset (the connection closed mid-request).
 
 A fault counts as landed when it hit while the holder had a lease or a sink transaction live
 (read from the holder's shared state while it is stopped, for a signal; when it fired, for an
@@ -56,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,6 +96,10 @@ BATCHED_IN_FLIGHT = 4
 # charge requests: it answers 500 before charging, drops the connection, or charges and answers
 # after the holder's client timed out (the ambiguous answer)
 PROCESSOR_KINDS = ("processor_500", "processor_down", "processor_timeout")
+# with --processor-groups: on the holder's TCP route to its processor (the proxy's): black-holed
+# (a request sent then may have been charged: the client times out, the answer is unknown) or
+# reset (the connection closed mid-request)
+PROCESSOR_ROUTE_KINDS = ("processor_blackhole", "processor_reset")
 # with --private-pg: capped per run, they cost seconds each
 SERVER_KINDS = ("store_restart", "store_crash")
 CUT = """
@@ -116,6 +124,7 @@ class Slot:
     sink_dsn: str = ""  # through the slot's routes of the proxy
     lease_dsn: str = ""
     processor: str = ""  # the processor's name (a key of Campaign.processors), or none
+    processor_url: str = ""  # its base URL through the slot's route of the proxy
 
 
 @dataclass
@@ -154,7 +163,8 @@ class Campaign:
     gave_up: int = 0  # holders that stopped working a key past their limit (then retried)
 
     def __post_init__(self) -> None:
-        known = PROCESS_KINDS + TCP_KINDS + (PROCESSOR_KINDS if self.processor_groups else ())
+        processor_kinds = PROCESSOR_KINDS + PROCESSOR_ROUTE_KINDS
+        known = PROCESS_KINDS + TCP_KINDS + (processor_kinds if self.processor_groups else ())
         self.kinds = self.kinds or known
         unknown = set(self.kinds) - set(known)
         if unknown:
@@ -175,6 +185,13 @@ class Campaign:
         parts.update(host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable")
         return psycopg.conninfo.make_conninfo(**parts)
 
+    def _url(self, url: str, route: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        port = self.proxy.add_route(
+            route, autocommit=False, upstream=(parts.hostname or "127.0.0.1", parts.port or 80)
+        )
+        return f"{parts.scheme}://127.0.0.1:{port}"
+
     def setup(self) -> None:
         for index in range(self.groups * self.holders):
             slot = Slot(index, index // self.holders, f"holder-{index:02d}")
@@ -182,6 +199,8 @@ class Campaign:
             slot.sink_dsn = self._dsn(self.sink_dsn, f"sink{index}")
             slot.lease_dsn = "" if self.plain else self._dsn(self.lease_dsn, f"store{index}")
             slot.processor = self.processor_of(slot.group)
+            if slot.processor:
+                slot.processor_url = self._url(self.processors[slot.processor], f"processor{index}")
         for slot in self.slots:
             self.spawn(slot)
 
@@ -207,7 +226,7 @@ class Campaign:
             items=self.items,
             ttl=self.ttl,
             item_sleep=self.item_sleep,
-            processor_url=self.processors.get(slot.processor, ""),
+            processor_url=slot.processor_url,
             in_flight=self.in_flight_of(slot.group),
         )
         slot.lives += 1
@@ -303,7 +322,7 @@ class Campaign:
         if self.processor_groups > 0 and self.rng.random() < 0.5 and kind in PROCESS_KINDS:
             # aimed at the window between the processor's answer and the record, if one is open
             targets = [s for s in running if self.in_window(s)] or targets
-        if kind in PROCESSOR_KINDS:  # at a processor: one of its groups' holders is the target
+        if kind in PROCESSOR_KINDS + PROCESSOR_ROUTE_KINDS:  # a processor group's holder
             targets = [s for s in targets if s.processor] or [s for s in running if s.processor]
         if not targets:
             return

@@ -1,7 +1,8 @@
 """The campaign's TCP proxy: between each holder and Postgres, faults on the wire on command.
 
 One asyncio loop, on a thread of the campaign's process, listens on a port per route (one
-holder's way to the lease store, or to the sink) and forwards every connection to Postgres.
+holder's way to the lease store, or to the sink, or to the payment processor) and forwards every
+connection to Postgres (or to the processor).
 On command, a route's connections are:
 
 * black-holed: nothing is forwarded either way, the sockets stay open, and connections made
@@ -103,6 +104,7 @@ class Route:
     delay: float = 0.0
     armed: Callable[[], None] | None = None  # called when an ambiguous commit fires
     heal_at: float = 0.0
+    upstream: tuple[str, int] | None = None  # None: the proxy's Postgres
 
 
 class Proxy:
@@ -120,9 +122,13 @@ class Proxy:
         self._thread.start()
         return self
 
-    def add_route(self, name: str, *, autocommit: bool) -> int:
-        """Listens for ``name``; returns its port."""
-        return self._call(self._add_route(name, autocommit))
+    def add_route(
+        self, name: str, *, autocommit: bool, upstream: tuple[str, int] | None = None
+    ) -> int:
+        """Listens for ``name``; returns its port. ``upstream``: another server than the
+        proxy's Postgres (the payment processor's HTTP), whose route is black-holed, reset and
+        slowed the same way but never armed (no commit to find)."""
+        return self._call(self._add_route(name, autocommit, upstream))
 
     def blackhole(self, name: str, seconds: float) -> None:
         """Stops forwarding on ``name`` for ``seconds``."""
@@ -162,8 +168,10 @@ class Proxy:
     def _soon(self, fn: Callable[..., None], *args: Any) -> None:
         self._loop.call_soon_threadsafe(fn, *args)
 
-    async def _add_route(self, name: str, autocommit: bool) -> int:
-        route = Route(name, autocommit)
+    async def _add_route(
+        self, name: str, autocommit: bool, upstream: tuple[str, int] | None
+    ) -> int:
+        route = Route(name, autocommit, upstream=upstream)
         route.flowing.set()
         server = await asyncio.start_server(
             lambda r, w: self._serve(route, r, w), "127.0.0.1", 0, reuse_address=True
@@ -226,7 +234,7 @@ class Proxy:
         self, route: Route, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            up_reader, up_writer = await asyncio.open_connection(*(route.upstream or self.upstream))
         except OSError:
             writer.transport.abort()
             return

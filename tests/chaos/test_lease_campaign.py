@@ -20,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.lease_campaign import PROCESS_KINDS, PROCESSOR_KINDS, TCP_KINDS, campaign
+from tests.chaos.lease_campaign import (
+    PROCESS_KINDS,
+    PROCESSOR_KINDS,
+    PROCESSOR_ROUTE_KINDS,
+    TCP_KINDS,
+    campaign,
+)
 
 SEED = 1
 # seed -> (faults, kinds, what it found before the fix)
@@ -54,7 +60,9 @@ def test_fenced_holders_under_faults_write_every_item_once() -> None:
     # on a private Postgres of its own, restarted or crashed twice among the faults
     verdict = campaign(SEED, 500, plain=False, private_pg=2, processor_groups=PROCESSOR_GROUPS)
     assert verdict["faults_injected"] == 500
-    assert set(verdict["by_fault"]) >= set(PROCESS_KINDS + TCP_KINDS + PROCESSOR_KINDS)
+    assert set(verdict["by_fault"]) >= set(
+        PROCESS_KINDS + TCP_KINDS + PROCESSOR_KINDS + PROCESSOR_ROUTE_KINDS
+    )
     assert verdict["faults_landed"] > 0
     # charged at the processor, a holder frozen or killed before its record among the faults
     assert verdict["processor_runs"] > 0
