@@ -4,8 +4,9 @@ A DAG in ``temporal`` mode hands its protected task to Temporal: the task defers
 slot) and gets the workflow's result as its XCom. The scheduler running the task is SIGKILLed
 while the handed-over run works in Temporal: the run goes on and finishes once, and Airflow's
 next try (the resumed try is killed too) attaches and reports its result. A user's clear of
-the deferred task cancels the workflow; the new try's execution skips what was charged. Shadow
-mode and the whole-DAG BridgeOperator run here too.
+the deferred task cancels the workflow; the new try's execution skips what was charged, also
+after a rollback to ``airflow`` mid-run (the business run stays in Temporal; the next date runs
+in Airflow). Shadow mode and the whole-DAG BridgeOperator run here too.
 """
 
 from __future__ import annotations
@@ -165,6 +166,49 @@ def test_users_clear_of_the_deferred_task_cancels_the_workflow(
     assert len(charged) == 30
     assert len({c["customer"] for c in charged}) == 30
     assert len({c["token"] for c in charged}) == 2  # the cancelled run's token, then the new one
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_rollback_mid_run_keeps_that_business_run_in_temporal_through_a_clear(
+    airflow: AirflowHarness,  # noqa: F811
+    bridge_on_airflow: BridgeConfig,
+) -> None:
+    """MIGRATION.md's rollback table (``temporal`` -> ``airflow``): a business run fixed to
+    ``temporal`` before the change stays there, its one primary, so a user's clear of its task
+    after the rollback hands it to Temporal again (the new execution skips what was charged),
+    while the next business date runs in Airflow with no workflow at all."""
+    _set_mode(airflow, "temporal")
+    day = airflow.fresh_business_date()
+    wid = workflow_id(DAG_ID, day, part="charge")
+    address = bridge_on_airflow.temporal_address
+    run_id = airflow.trigger_dag_run(DAG_ID, {"business_date": day, "customers": 30, "delay": 1.0})
+    airflow.wait_for_task_state(DAG_ID, run_id, "charge", {"deferred"}, timeout=120)
+    wait_for(lambda: len(airflow.charges(day)) >= 3, timeout=90, what="a few charges")
+    _set_mode(airflow, "airflow")  # the rollback, mid-run
+    airflow.clear_task(DAG_ID, run_id, "charge")
+    wait_for(
+        lambda: WorkflowExecutionStatus.CANCELED in _executions(address, wid),
+        timeout=90,
+        what=f"the clear to cancel the workflow ({_executions(address, wid)})",
+    )
+    assert len(airflow.charges(day)) < 30, "the run finished before the clear: nothing to show"
+    run = airflow.wait_for_run_state(DAG_ID, run_id, timeout=300)
+    assert run["state"] == "success"
+    assert sorted(_executions(address, wid), key=str) == sorted(
+        [WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED], key=str
+    ), "the cleared task of the temporal business run was not handed to Temporal again"
+    charged = airflow.charges(day)
+    assert sorted(c["customer"] for c in charged) == sorted({c["customer"] for c in charged})
+    assert len(charged) == 30
+    # the next business date, after the rollback: Airflow runs it, Temporal never sees it
+    later = airflow.fresh_business_date()
+    run_id = airflow.trigger_dag_run(
+        DAG_ID, {"business_date": later, "customers": 5, "delay": 0.05}
+    )
+    assert airflow.wait_for_run_state(DAG_ID, run_id, timeout=300)["state"] == "success"
+    assert _executions(address, workflow_id(DAG_ID, later, part="charge")) == []
+    assert len({c["customer"] for c in airflow.charges(later)}) == len(airflow.charges(later)) == 5
 
 
 @pytest.mark.slow
