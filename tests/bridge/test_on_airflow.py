@@ -135,27 +135,25 @@ def test_scheduler_killed_while_the_run_works_in_temporal_finishes_once(
     assert result["charged"] == 30
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_users_clear_of_the_deferred_task_cancels_the_workflow(
-    airflow: AirflowHarness,  # noqa: F811
-    bridge_on_airflow: BridgeConfig,
-) -> None:
+def _cleared_mid_run(airflow: AirflowHarness, address: str, *, rollback: bool) -> str:  # noqa: F811
+    """A run of 30 customers handed to Temporal, its deferred task cleared by a user after a few
+    charges (after a rollback to ``airflow``, with ``rollback``): the clear cancels the workflow,
+    the task is handed over again and a new execution finishes what is left. Returns the date."""
     _set_mode(airflow, "temporal")
     day = airflow.fresh_business_date()
     wid = workflow_id(DAG_ID, day, part="charge")
-    address = bridge_on_airflow.temporal_address
     run_id = airflow.trigger_dag_run(DAG_ID, {"business_date": day, "customers": 30, "delay": 1.0})
     airflow.wait_for_task_state(DAG_ID, run_id, "charge", {"deferred"}, timeout=120)
     wait_for(lambda: len(airflow.charges(day)) >= 3, timeout=90, what="a few charges")
+    if rollback:
+        _set_mode(airflow, "airflow")  # mid-run
     airflow.clear_task(DAG_ID, run_id, "charge")
     wait_for(
         lambda: WorkflowExecutionStatus.CANCELED in _executions(address, wid),
         timeout=90,
         what=f"the user's clear to cancel the workflow ({_executions(address, wid)})",
     )
-    cancelled_at = len(airflow.charges(day))
-    assert cancelled_at < 30, "the run finished before the clear: no cancel to observe"
+    assert len(airflow.charges(day)) < 30, "the run finished before the clear: no cancel to see"
     run = airflow.wait_for_run_state(DAG_ID, run_id, timeout=300)
     assert run["state"] == "success"
     # the cleared task handed over again: a new execution, which skipped charged customers
@@ -165,7 +163,18 @@ def test_users_clear_of_the_deferred_task_cancels_the_workflow(
     charged = airflow.charges(day)
     assert len(charged) == 30
     assert len({c["customer"] for c in charged}) == 30
-    assert len({c["token"] for c in charged}) == 2  # the cancelled run's token, then the new one
+    return day
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_users_clear_of_the_deferred_task_cancels_the_workflow(
+    airflow: AirflowHarness,  # noqa: F811
+    bridge_on_airflow: BridgeConfig,
+) -> None:
+    day = _cleared_mid_run(airflow, bridge_on_airflow.temporal_address, rollback=False)
+    # the cancelled run's token, then the new one's
+    assert len({c["token"] for c in airflow.charges(day)}) == 2
 
 
 @pytest.mark.slow
@@ -178,35 +187,13 @@ def test_a_rollback_mid_run_keeps_that_business_run_in_temporal_through_a_clear(
     ``temporal`` before the change stays there, its one primary, so a user's clear of its task
     after the rollback hands it to Temporal again (the new execution skips what was charged),
     while the next business date runs in Airflow with no workflow at all."""
-    _set_mode(airflow, "temporal")
-    day = airflow.fresh_business_date()
-    wid = workflow_id(DAG_ID, day, part="charge")
-    address = bridge_on_airflow.temporal_address
-    run_id = airflow.trigger_dag_run(DAG_ID, {"business_date": day, "customers": 30, "delay": 1.0})
-    airflow.wait_for_task_state(DAG_ID, run_id, "charge", {"deferred"}, timeout=120)
-    wait_for(lambda: len(airflow.charges(day)) >= 3, timeout=90, what="a few charges")
-    _set_mode(airflow, "airflow")  # the rollback, mid-run
-    airflow.clear_task(DAG_ID, run_id, "charge")
-    wait_for(
-        lambda: WorkflowExecutionStatus.CANCELED in _executions(address, wid),
-        timeout=90,
-        what=f"the clear to cancel the workflow ({_executions(address, wid)})",
-    )
-    assert len(airflow.charges(day)) < 30, "the run finished before the clear: nothing to show"
-    run = airflow.wait_for_run_state(DAG_ID, run_id, timeout=300)
-    assert run["state"] == "success"
-    assert sorted(_executions(address, wid), key=str) == sorted(
-        [WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED], key=str
-    ), "the cleared task of the temporal business run was not handed to Temporal again"
-    charged = airflow.charges(day)
-    assert sorted(c["customer"] for c in charged) == sorted({c["customer"] for c in charged})
-    assert len(charged) == 30
-    # the next business date, after the rollback: Airflow runs it, Temporal never sees it
+    _cleared_mid_run(airflow, bridge_on_airflow.temporal_address, rollback=True)
     later = airflow.fresh_business_date()
     run_id = airflow.trigger_dag_run(
         DAG_ID, {"business_date": later, "customers": 5, "delay": 0.05}
     )
     assert airflow.wait_for_run_state(DAG_ID, run_id, timeout=300)["state"] == "success"
+    address = bridge_on_airflow.temporal_address
     assert _executions(address, workflow_id(DAG_ID, later, part="charge")) == []
     assert len({c["customer"] for c in airflow.charges(later)}) == len(airflow.charges(later)) == 5
 
