@@ -17,6 +17,11 @@ faults, their order, their targets (a worker holding a live lease preferred) and
 * the worker's route to the store or to the sink reset (both sides closed) or black-holed
   for a moment.
 
+Each fenced business run also gets its Temporal shadow beside it, as shadow mode starts one (the
+same workers and faults; shadow leases, fenced writes captured and rolled back, compared once
+both runs are done): the checker then also finds every shadow closed completed and no row in the
+sink outside the primaries' keys.
+
 A fault counts as landed when it hit while a lease was live (for a worker fault: the worker
 held one, read while it was stopped; for a TCP fault: one of its leases was live) or a sink
 transaction was open (a cut); a duplicate handover lands when its run was still running.
@@ -61,7 +66,7 @@ from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, Holder, LeaseStore, O
 from airflow_plugins.lease.keys import lease_key
 from bridge.config import BridgeConfig
 from bridge.cutover import migrate_bridge
-from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, TaskSpec
+from bridge.spec import UPSTREAM_MARKER, DagSpec, RetrySpec, RunMode, TaskSpec
 from bridge.temporal.client import connect
 from bridge.temporal.handover import Handover, run_handle
 from tests.bridge import conftest as bridge_fixtures
@@ -175,6 +180,8 @@ class Run:
     key: str = ""
     done: bool = False
     status: str = ""
+    shadow_id: str = ""  # its Temporal shadow's workflow id (none: no shadow)
+    shadow_done: bool = False
 
 
 @dataclass
@@ -197,6 +204,7 @@ class BridgeCampaign:
     gap: tuple[float, float] = (0.15, 0.6)
     kinds: tuple[str, ...] = KINDS
     drain: float = 240.0
+    shadows: bool = True  # each fenced business run also gets a Temporal shadow beside it
     rng: random.Random = field(init=False)
     slots: list[WorkerSlot] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
@@ -311,15 +319,32 @@ class BridgeCampaign:
         self.runs.append(run)
         await self.hand_over(client, run)
         self._watch(client, run)
+        if self.shadows and not self.plain:  # a plain charge is refused for shadow (no fence)
+            await self.shadow(client, run)
 
-    def _watch(self, client: Client, run: Run) -> None:
+    async def shadow(self, client: Client, run: Run) -> None:
+        """Starts the Temporal shadow of ``run``'s business run beside it, as shadow mode does:
+        shadow leases, fenced writes captured and rolled back, compared once both are done."""
+        handover = Handover(client, self.config.task_queue("default"))
+        got = await handover.start_or_attach(run.spec, BD, mode=RunMode.SHADOW, compare_poll_s=1.0)
+        run.shadow_id = got.workflow_id
+        self._watch(client, run, shadow=True)
+
+    def _watch(self, client: Client, run: Run, *, shadow: bool = False) -> None:
         async def wait() -> None:
             try:
-                result = await run_handle(client, run.workflow_id).result()
-                run.status = result.status
+                result = await run_handle(
+                    client, run.shadow_id if shadow else run.workflow_id
+                ).result()
+                if not shadow:
+                    run.status = result.status
             except Exception as exc:  # the checker reads the final state from Temporal
-                run.status = f"error: {type(exc).__name__}"
-            run.done = True
+                if not shadow:
+                    run.status = f"error: {type(exc).__name__}"
+            if shadow:
+                run.shadow_done = True
+            else:
+                run.done = True
 
         task = asyncio.create_task(wait())
         self.tasks.add(task)
@@ -430,7 +455,9 @@ class BridgeCampaign:
             self.signal(slot, signal.SIGCONT)
             slot.stopped_until = 0.0
         end = time.monotonic() + self.drain
-        while time.monotonic() < end and not all(r.done for r in self.runs):
+        while time.monotonic() < end and not all(
+            r.done and (r.shadow_done or not r.shadow_id) for r in self.runs
+        ):
             self.tend()
             await asyncio.sleep(0.2)
         for task in list(self.tasks):
@@ -521,6 +548,7 @@ def _campaign(
             "seed": seed,
             "keys": {r.key: customers for r in run.runs},
             "runs": [r.workflow_id for r in run.runs],
+            "shadows": [r.shadow_id for r in run.runs if r.shadow_id],
             "faults": run.log,
             "probe": run.probe(),
             "handovers": run.handovers,

@@ -6,8 +6,9 @@ Temporal server, each handed-over business run's final state and how many execut
 workflow id has. It judges the charges with the lease-level checker's rules
 (``tests.chaos.checker.check``: duplicates, stale writes, missed customers, wedged keys, per
 fault kind) and adds the engine's side: every workflow closed completed, one execution per
-business run. It does not import the lease package or the bridge and never reads the lease
-store: those are under test.
+business run; and the shadows' (every shadow closed completed, no sink row outside the
+primaries' keys: a shadow's writes are rolled back). It does not import the lease package or
+the bridge and never reads the lease store: those are under test.
 
     .venv/bin/python -m tests.chaos.bridge_checker --sink-dsn URL --temporal HOST:PORT --log LOG
 
@@ -52,9 +53,17 @@ def judge(
 ) -> dict[str, Any]:
     """The verdict: the charges judged per key and fault kind, and Temporal's side."""
     report = check(rows, log)
-    states: dict[str, str] = temporal["states"]
+    shadows = set(log.get("shadows", []))
+    states: dict[str, str] = {w: s for w, s in temporal["states"].items() if w not in shadows}
     executions: dict[str, int] = temporal["executions"]
     completed = WorkflowExecutionStatus.COMPLETED.name
+    shadow_states = [s for w, s in temporal["states"].items() if w in shadows]
+    report.update(
+        shadow_workflows=len(shadow_states),
+        shadows_not_completed=sum(1 for s in shadow_states if s != completed),
+        # a shadow's writes are rolled back: a row under any other key leaked from one
+        rows_outside_runs=sum(1 for row in rows if row[1] not in log["keys"]),
+    )
     report.update(
         workflows=len(states),
         workflows_not_completed=sum(1 for s in states.values() if s != completed),
@@ -71,7 +80,13 @@ def judge(
 
 def bad(report: dict[str, Any]) -> int:
     """How many violations the verdict holds (duplicates included)."""
-    return violations(report) + report["workflows_not_completed"] + report["extra_executions"]
+    return (
+        violations(report)
+        + report["workflows_not_completed"]
+        + report["extra_executions"]
+        + report.get("shadows_not_completed", 0)
+        + report.get("rows_outside_runs", 0)
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -86,7 +101,8 @@ def main(argv: list[str]) -> int:
     with psycopg.connect(args.sink_dsn) as conn:
         rows = conn.execute(ROWS).fetchall()
         ledger = int(conn.execute(LEDGER).fetchone()[0])  # type: ignore[index]
-    temporal = asyncio.run(temporal_states(args.temporal, list(log["runs"])))
+    workflows = list(log["runs"]) + list(log.get("shadows", []))
+    temporal = asyncio.run(temporal_states(args.temporal, workflows))
     report = judge(rows, ledger, log, temporal)
     print_verdict(report)
     return int(bool(bad(report)))

@@ -4,7 +4,9 @@ bridge worker processes, real Postgres.
 With the plugin (workers SIGKILLed and started again, stopped within and past the lease, sink
 sessions ended, business runs handed over twice, the workers' routes to store and sink reset
 and black-holed), the independent checker finds every customer charged once, none missed,
-every workflow closed completed and one execution per business run; with the plugin disabled
+every workflow closed completed and one execution per business run, and each business run's
+Temporal shadow beside it closed completed with nothing of it left in the sink; with the plugin
+disabled
 (the charge's code writing without fence and ledger) the same checker finds the customers
 charged twice, so it is shown to catch them.
 
@@ -51,6 +53,10 @@ def test_fenced_bridge_runs_under_faults_charge_every_customer_once(temporal: st
     assert verdict["workflows"] == verdict["runs"]
     assert verdict["workflows_not_completed"] == 0, verdict["not_completed"]
     assert verdict["extra_executions"] == 0
+    # each business run's shadow beside it: closed completed, nothing of it left in the sink
+    assert verdict["shadow_workflows"] == verdict["runs"]
+    assert verdict["shadows_not_completed"] == 0
+    assert verdict["rows_outside_runs"] == 0
 
 
 @pytest.mark.slow
