@@ -15,7 +15,8 @@ faults, their order, their targets (a worker holding a live lease preferred) and
   preferred);
 * a duplicate handover of a business run (a second trigger: running, or already done);
 * the worker's route to the store or to the sink reset (both sides closed) or black-holed
-  for a moment.
+  for a moment, or armed for an ambiguous commit (the next commit on it reaches Postgres and
+  its answer is dropped: the store, or the sink, committed and the worker never hears).
 
 Each fenced business run also gets its Temporal shadow beside it, as shadow mode starts one (the
 same workers and faults; shadow leases, fenced writes captured and rolled back, compared once
@@ -24,7 +25,9 @@ sink outside the primaries' keys.
 
 A fault counts as landed when it hit while a lease was live (for a worker fault: the worker
 held one, read while it was stopped; for a TCP fault: one of its leases was live) or a sink
-transaction was open (a cut); a duplicate handover lands when its run was still running.
+transaction was open (a cut); a duplicate handover lands when its run was still running; an
+ambiguous commit lands when it fires (a commit on a worker's route to the store or to the sink is
+a lease's statement or a fenced transaction's).
 Then the faults stop, every run is waited for, a fresh holder asks each charge key's lease
 (one still held two lease lifetimes later is wedged), and the independent checker
 (``tests/chaos/bridge_checker.py``) judges the sink and Temporal's final states.
@@ -82,7 +85,14 @@ CREATE TABLE charges (
 """
 WORKER_KINDS = ("sigkill", "sigstop_within_lease", "sigstop_past_lease")
 OTHER_KINDS = ("sink_cut", "duplicate_handover")
-TCP_KINDS = ("store_reset", "sink_reset", "store_blackhole", "sink_blackhole")
+TCP_KINDS = (
+    "store_reset",
+    "sink_reset",
+    "store_blackhole",
+    "sink_blackhole",
+    "store_ambiguous_commit",
+    "sink_ambiguous_commit",
+)
 KINDS = WORKER_KINDS + OTHER_KINDS + TCP_KINDS
 LIVE_LEASES = """
 SELECT key, (holder->>'pid')::int FROM runlease.lease
@@ -427,8 +437,15 @@ class BridgeCampaign:
             entry["key"] = self.charge_key(leases, pid if entry["landed"] else None)
             if fault == "reset":
                 entry["landed"] = self.proxy.reset(route) > 0 and entry["landed"]
-            else:
+            elif fault == "blackhole":
                 self.proxy.blackhole(route, self.ttl * (0.2 + 0.6 * spread))
+            else:  # ambiguous_commit: landed when it fires (the worker's lease or sink commit)
+                entry["landed"] = False
+
+                def fired(entry: dict[str, Any] = entry) -> None:
+                    entry["landed"], entry["fired"] = True, time.time()
+
+                self.proxy.arm_ambiguous(route, fired, 2 * self.ttl)
         self.log.append(entry)
 
     # -- the run ------------------------------------------------------------------------------

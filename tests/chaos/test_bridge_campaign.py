@@ -25,6 +25,9 @@ import pytest
 from tests.chaos.bridge_campaign import KINDS, campaign, dev_server
 
 SEED = 1
+# every kind but the ambiguous commits, which the full campaign injects: a worker that never
+# hears its commit's answer waits out its call bound, which made this slice 150 s instead of 31
+SLICE_KINDS = tuple(k for k in KINDS if not k.endswith("ambiguous_commit"))
 PORT = int(
     os.environ.get(
         "EO_CHAOS_TEMPORAL_PORT", int(os.environ.get("EO_TEST_TEMPORAL_PORT", "27233")) + 40
@@ -41,10 +44,12 @@ def temporal() -> Iterator[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fenced_bridge_runs_under_faults_charge_every_customer_once(temporal: str) -> None:
-    verdict: dict[str, Any] = campaign(SEED, 40, plain=False, temporal_address=temporal)
+    verdict: dict[str, Any] = campaign(
+        SEED, 40, plain=False, temporal_address=temporal, kinds=SLICE_KINDS
+    )
     assert verdict["faults_injected"] == 40
     assert verdict["faults_landed"] > 0
-    assert len(verdict["by_fault"]) >= len(KINDS) - 2, verdict["by_fault"]
+    assert len(verdict["by_fault"]) >= len(SLICE_KINDS) - 2, verdict["by_fault"]
     assert verdict["items"] > 0
     assert verdict["duplicate_effects"] == 0
     assert verdict["stale_writes_accepted"] == 0
