@@ -14,6 +14,9 @@ faults, their order, their targets (a worker holding a live lease preferred) and
 * the sink session ended (``pg_terminate_backend``, a session inside a fenced transaction
   preferred);
 * a duplicate handover of a business run (a second trigger: running, or already done);
+* with ``--private-pg N``: the one server holding store and sink restarted, or crashed
+  (immediate stop, crash recovery), N times among the faults (the Temporal dev server keeps
+  its own);
 * the worker's route to the store or to the sink reset (both sides closed) or black-holed
   for a moment, or armed for an ambiguous commit (the next commit on it reaches Postgres and
   its answer is dropped: the store, or the sink, committed and the worker never hears).
@@ -37,6 +40,7 @@ without fence or ledger; the checker then finds the customers charged twice.
 
     .venv/bin/python -m tests.chaos.bridge_campaign --seed 1 --faults 200
     .venv/bin/python -m tests.chaos.bridge_campaign --seed 1 --faults 40 --plain
+    .venv/bin/python -m tests.chaos.bridge_campaign --seed 1 --faults 100 --private-pg 3
 
 The last line is the checker's JSON verdict.
 """
@@ -65,6 +69,7 @@ from typing import Any
 import psycopg
 from temporalio.client import Client
 
+from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from airflow_plugins.lease.keys import lease_key
 from bridge.config import BridgeConfig
@@ -74,7 +79,7 @@ from bridge.temporal.client import connect
 from bridge.temporal.handover import Handover, run_handle
 from tests.bridge import conftest as bridge_fixtures
 from tests.chaos.bridge_checker import bad
-from tests.chaos.lease_campaign import ADMIN_DSN, databases
+from tests.chaos.lease_campaign import ADMIN_DSN, SERVER_KINDS, databases, private_server
 from tests.chaos.proxy import Proxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,6 +220,8 @@ class BridgeCampaign:
     kinds: tuple[str, ...] = KINDS
     drain: float = 240.0
     shadows: bool = True  # each fenced business run also gets a Temporal shadow beside it
+    server: EmbeddedPostgres | None = None  # the private server (``--private-pg``)
+    server_faults: int = 0  # how many of the faults restart or crash it
     rng: random.Random = field(init=False)
     slots: list[WorkerSlot] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
@@ -382,9 +389,25 @@ class BridgeCampaign:
                     return run.key
         return self.runs[-1].key
 
+    def restart_server(self, kind: str) -> None:
+        """Restarts (or crashes and recovers) the private server under the workers."""
+        assert self.server is not None
+        leases = self.live_leases()
+        at = time.time()
+        self.admin_store.close()
+        self.admin_sink.close()
+        self.server.restart("fast" if kind == "store_restart" else "immediate")
+        self.admin_store = psycopg.connect(self.lease_dsn, autocommit=True)
+        self.admin_sink = psycopg.connect(self.sink_dsn, autocommit=True)
+        key = self.charge_key(leases, None)
+        self.log.append({"kind": kind, "key": key, "t": at, "landed": bool(leases)})
+
     async def inject(self, client: Client) -> None:
         kind = self.rng.choice(self.kinds)
         pick, spread = self.rng.random(), self.rng.random()
+        if len(self.log) in self.server_at:
+            self.restart_server(SERVER_KINDS[int(spread * len(SERVER_KINDS))])
+            return
         entry: dict[str, Any] = {"kind": kind, "t": time.time()}
         if kind == "duplicate_handover":
             running = [r for r in self.runs if not r.done]
@@ -451,6 +474,10 @@ class BridgeCampaign:
     # -- the run ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        self.server_at: set[int] = set()
+        if self.server is not None and self.server_faults > 0:  # at positions the seed chooses
+            count = min(self.server_faults, self.faults)
+            self.server_at = set(self.rng.sample(range(self.faults), count))
         self.setup()
         client = await connect(self.config)
         await self.feed(client)
@@ -512,6 +539,7 @@ def campaign(
     temporal_address: str | None = None,
     temporal_port: int = 28533,
     admin_dsn: str = ADMIN_DSN,
+    private_pg: int = 0,
     **options: Any,
 ) -> dict[str, Any]:
     """Runs one bridge campaign and returns the checker's verdict (printed, last line JSON).
@@ -523,12 +551,19 @@ def campaign(
         temporal_address: a running Temporal server; None: a dev server of the campaign's own
             on ``temporal_port`` (and the two ports above it).
         admin_dsn: the Postgres server the campaign's databases are made on.
+        private_pg: when > 0, a private server of the campaign's own instead (store and sink),
+            restarted or crashed that many times among the faults.
         options: BridgeCampaign fields (workers, in_flight, customers, ttl, kinds, ...).
     """
-    if temporal_address is None:
-        with dev_server(temporal_port) as address:
-            return _campaign(seed, faults, plain, address, admin_dsn, options)
-    return _campaign(seed, faults, plain, temporal_address, admin_dsn, options)
+    with contextlib.ExitStack() as stack:
+        if private_pg > 0:
+            server = stack.enter_context(private_server())
+            admin_dsn = server.dsn()
+            options = {**options, "server": server, "server_faults": private_pg}
+        if temporal_address is None:
+            temporal_address = stack.enter_context(dev_server(temporal_port))
+        verdict = _campaign(seed, faults, plain, temporal_address, admin_dsn, options)
+    return verdict
 
 
 def _campaign(
@@ -617,6 +652,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=3, help="bridge worker processes")
     parser.add_argument("--in-flight", type=int, default=4, help="business runs at once")
     parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
+    parser.add_argument(
+        "--private-pg",
+        type=int,
+        default=0,
+        metavar="N",
+        help="store and sink on a private Postgres of the campaign's own, restarted or crashed "
+        "N times among the faults",
+    )
     args = parser.parse_args(argv)
     verdict = campaign(
         args.seed,
@@ -627,6 +670,7 @@ def main(argv: list[str]) -> int:
         workers=args.workers,
         in_flight=args.in_flight,
         kinds=tuple(args.kinds.split(",")),
+        private_pg=args.private_pg,
     )
     if args.plain:
         return int(not verdict["duplicate_effects"])

@@ -493,11 +493,19 @@ def campaign(
     """
     if private_pg <= 0:
         return _campaign(seed, faults, plain, admin_dsn, None, 0, options)
+    with private_server() as server:
+        return _campaign(seed, faults, plain, server.dsn(), server, private_pg, options)
+
+
+@contextlib.contextmanager
+def private_server() -> Iterator[EmbeddedPostgres]:
+    """A Postgres server of the campaign's own (``--private-pg``), removed afterwards: the one a
+    campaign restarts and crashes under its holders or workers."""
     datadir = Path(tempfile.gettempdir()) / f"eo-chaos-{uuid.uuid4().hex[:8]}"
     server = EmbeddedPostgres(free_port(), datadir=datadir)
     server.start()
     try:
-        return _campaign(seed, faults, plain, server.dsn(), server, private_pg, options)
+        yield server
     finally:
         server.destroy()
 
