@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,7 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(timeout=15)
+            shutil.rmtree(folder, ignore_errors=True)
         drop_database(lease_dsn)
         if metadata_dsn is not None:
             drop_database(metadata_dsn)

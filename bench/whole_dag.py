@@ -24,6 +24,7 @@ import asyncio
 import functools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -148,6 +149,7 @@ class WholeDag:
         if self.api is not None:
             self.api.close()
         self.stack.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def in_airflow(self, dag_id: str) -> float:
         """Triggers ``dag_id`` for a fresh business date; its makespan in seconds."""
