@@ -1,6 +1,8 @@
-"""Handover overhead: raw Temporal client starts vs the bridge's handover call, side by side.
+"""Handover overhead: raw Temporal client starts vs the bridge's handover call, side by side;
+with ``--whole-dag``, a 20-task DAG's makespan in Airflow and through the bridge.
 
     python bench/bridge_overhead.py [--n 300] [--address 127.0.0.1:27233]
+    python bench/bridge_overhead.py --whole-dag [--reps 5] [--slots 8]
 
 For the same trivial workflow, it interleaves ``client.start_workflow(DagRunWorkflow.run, ...)``
 with ``Handover.start_or_attach(spec, business_date)`` (key, lease check, size check, start or
@@ -8,6 +10,11 @@ attach), each for a new DAG id; latency one call at a time, rate with ``--concur
 flight; no worker runs. Without ``--address`` it starts its own Temporal dev server (offline,
 ports 27300-27303) and a lease store database on the local Postgres (``EXACTLY_ONCE_TEST_PG``).
 The last line is one JSON object. Targets: handover adds <= 10 ms at p50; rate >= 0.9x raw.
+
+``--whole-dag`` (``bench/whole_dag.py``) also starts an Airflow stack and a bridge worker process,
+and runs ``bench/bridge_dag_dags``'s fan-out-and-join DAG in Airflow (LocalExecutor), through the
+handover API, and through a ``BridgeOperator`` driver DAG, alternating: median makespans and the
+ratios to Airflow's. Target: the bridge no slower than Airflow's own run.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from datetime import date, timedelta
 from pathlib import Path
@@ -106,16 +115,16 @@ async def measure(address: str, lease_dsn: str, n: int, concurrency: int) -> dic
     return out
 
 
-def start_server(folder: Path) -> subprocess.Popen[bytes]:
-    """A Temporal dev server for the benchmark (on-disk sqlite, WAL)."""
+def start_server(folder: Path, port: int = BENCH_PORT) -> subprocess.Popen[bytes]:
+    """A Temporal dev server for the benchmark (on-disk sqlite, WAL), on ports port..port+3."""
     from tests.bridge.conftest import temporal_binary
 
     log = (folder / "server.log").open("wb")
     return subprocess.Popen(
         [
             temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(BENCH_PORT), "--http-port", str(BENCH_PORT + 1),
-            "--metrics-port", str(BENCH_PORT + 2), "--ui-port", str(BENCH_PORT + 3),
+            "--port", str(port), "--http-port", str(port + 1),
+            "--metrics-port", str(port + 2), "--ui-port", str(port + 3),
             "--db-filename", str(folder / "t.db"), "--sqlite-pragma", "journal_mode=wal",
             "--sqlite-pragma", "synchronous=normal", "--log-level", "error",
         ],
@@ -142,10 +151,24 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="starts of each kind")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--address", help="an existing Temporal server")
+    parser.add_argument(
+        "--temporal-port", type=int, default=BENCH_PORT, help="first of the own server's 4 ports"
+    )
+    parser.add_argument(
+        "--whole-dag", action="store_true", help="the 20-task DAG's makespan, Airflow vs bridge"
+    )
+    parser.add_argument("--reps", type=int, default=5, help="--whole-dag: timed runs of each")
+    parser.add_argument(
+        "--slots", type=int, default=8, help="--whole-dag: Airflow's parallelism, the worker's"
+    )
+    parser.add_argument(
+        "--port-base", type=int, default=26200, help="--whole-dag: Airflow's first of 8 ports"
+    )
     args = parser.parse_args()
     from tests.conftest import create_database, drop_database
 
     lease_dsn = create_database("eobench")
+    metadata_dsn = create_database("eobench_airflow") if args.whole_dag else None
     server = None
     code = 0
     try:
@@ -153,9 +176,25 @@ def main() -> None:
         migrate_bridge(lease_dsn)
         address = args.address
         if address is None:
-            server = start_server(Path(tempfile.mkdtemp(prefix="bridge-bench-")))
-            address = f"127.0.0.1:{BENCH_PORT}"
+            folder = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
+            server = start_server(folder, args.temporal_port)
+            address = f"127.0.0.1:{args.temporal_port}"
             asyncio.run(wait_for_server(address))
+        if metadata_dsn is not None:
+            from whole_dag import measure as whole_dag
+            from whole_dag import report
+
+            report(
+                whole_dag(
+                    address,
+                    lease_dsn,
+                    metadata_dsn,
+                    reps=args.reps,
+                    slots=args.slots,
+                    port_base=args.port_base,
+                )
+            )
+            return
         # latency one call at a time (what one Airflow try pays), rate with calls in flight
         serial = asyncio.run(measure(address, lease_dsn, args.n, 1))
         loaded = asyncio.run(measure(address, lease_dsn, args.n, args.concurrency))
@@ -191,14 +230,18 @@ def main() -> None:
         }
         print(json.dumps(summary), flush=True)
     except Exception as exc:
+        traceback.print_exc()
         print(f"benchmark failed: {exc}", file=sys.stderr)
         code = 1
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=15)
+            shutil.rmtree(folder, ignore_errors=True)
         drop_database(lease_dsn)
-    os._exit(code)
+        if metadata_dsn is not None:
+            drop_database(metadata_dsn)
+        os._exit(code)
 
 
 if __name__ == "__main__":
