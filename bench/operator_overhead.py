@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.demo.airflow_api import AirflowApi
 from airflow_plugins.demo.celery_workers import WORKERS, CeleryConfig
 from airflow_plugins.demo.deployment import (
     LEASE_CONN_ID,
@@ -267,7 +267,9 @@ class Bench:
         self.stack.start(timeout=300)
         self.api = AirflowApi(self.stack.base_url, ADMIN_USER, self.stack.passwords[ADMIN_USER])
         for dag_id in (PROTECTED, PLAIN):
-            wait_until(functools.partial(self._parsed, dag_id), timeout=300, what=f"DAG {dag_id}")
+            wait_until(
+                functools.partial(self.api.is_parsed, dag_id), timeout=300, what=f"DAG {dag_id}"
+            )
 
     @property
     def slots(self) -> int:
@@ -283,14 +285,6 @@ class Bench:
         if self._core_parallelism is not None:
             return self._core_parallelism
         return self.parallelism if self.celery is None else 2 * self.slots
-
-    def _parsed(self, dag_id: str) -> bool:
-        assert self.api is not None
-        try:
-            self.api.dag(dag_id)
-        except AirflowApiError:
-            return False
-        return True
 
     def stop(self) -> None:
         """Stops the stack and drops the databases."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.demo.airflow_api import AirflowApi
 from airflow_plugins.demo.deployment import LEASE_CONN_ID, airflow_uri
 from airflow_plugins.demo.stack import ADMIN_USER, AirflowStack, wait_until
 from airflow_plugins.lease import LeaseStore
@@ -97,7 +97,7 @@ class WholeDag:
         self.stack.start(timeout=300)
         self.api = AirflowApi(self.stack.base_url, ADMIN_USER, self.stack.passwords[ADMIN_USER])
         for dag_id in (GRAPH, DRIVER):
-            wait_until(functools.partial(self._parsed, dag_id), timeout=300, what=dag_id)
+            wait_until(functools.partial(self.api.is_parsed, dag_id), timeout=300, what=dag_id)
         with LeaseStore(self.lease_dsn) as store:
             ModeStore(store).set(GRAPH, "temporal", actor="bench", reason="bench", force=True)
         log = (self.folder / "worker.log").open("ab")
@@ -129,14 +129,6 @@ class WholeDag:
     def _worker_log(self) -> str:
         path = self.folder / "worker.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
-
-    def _parsed(self, dag_id: str) -> bool:
-        assert self.api is not None
-        try:
-            self.api.dag(dag_id)
-        except AirflowApiError:
-            return False
-        return True
 
     def stop(self) -> None:
         """Stops the worker (SIGTERM to its group, by its pid) and the stack."""

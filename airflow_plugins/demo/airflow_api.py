@@ -71,6 +71,14 @@ class AirflowApi:
         result: dict[str, Any] = self.request("GET", f"/api/v2/dags/{dag_id}")
         return result
 
+    def is_parsed(self, dag_id: str) -> bool:
+        """Whether the api-server knows the DAG yet (the dag-processor has parsed it)."""
+        try:
+            self.dag(dag_id)
+        except AirflowApiError:
+            return False
+        return True
+
     def set_paused(self, dag_id: str, paused: bool) -> None:
         """Pauses or unpauses a DAG."""
         self.request("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": paused})
