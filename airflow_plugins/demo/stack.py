@@ -275,15 +275,19 @@ class AirflowStack:
         self.start_component("dag-processor", "dag-processor")
         for name in self.schedulers:
             self.start_scheduler(name)
-        self.start_component(
-            "triggerer",
-            "triggerer",
-            env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port_base + 5)},
-        )
+        self.start_triggerer()
         for name in self.workers:
             self.start_worker(name)
         self.wait_healthy(timeout=max(5.0, deadline - time.monotonic()))
         return self
+
+    def start_triggerer(self) -> Component:
+        """Starts (or restarts) the triggerer with its own log server port."""
+        return self.start_component(
+            "triggerer",
+            "triggerer",
+            env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port_base + 5)},
+        )
 
     def start_scheduler(self, name: str) -> Component:
         """Starts (or restarts) scheduler ``name`` with its own worker log server port."""

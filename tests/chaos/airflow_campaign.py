@@ -14,6 +14,8 @@ charge whose lease is live preferred) and their timing:
   then SIGCONT) within the lease and past it (and past Airflow's task heartbeat timeout);
 * the scheduler running the charge SIGKILLed, the other one standing by (started again
   ``SCHEDULER_BACK`` s later; at most one down at a time, one per ``SCHEDULER_EVERY`` faults);
+* the triggerer SIGKILLed (started again ``TRIGGERER_BACK`` s later), where a charge try waits
+  deferred for a lease another try holds;
 * operator faults through the REST API: the running task cleared, marked failed (then
   cleared a few seconds later, as an operator re-runs it), a second run of the same business
   date triggered (while the first runs, or after it ended);
@@ -23,7 +25,8 @@ charge whose lease is live preferred) and their timing:
 
 A fault counts as landed when it hit while a lease was live (a task fault: the target held its
 key's lease, read while it was stopped; a scheduler kill: the target of its executor did; a
-REST or store fault: the run's, or any, lease was live) or a sink transaction was open (the
+REST or store fault: the run's, or any, lease was live; a triggerer kill: a try waited in it
+while a lease was live) or a sink transaction was open (the
 billing route's faults). With ``--plain`` the runs are of ``chaos_billing_plain``, the same
 charge as the plugin runs it with ``[exactly_once] enabled = False`` (no lease, no fence, no
 idempotency key): a task fault lands when the charge was running, a store fault hits the
@@ -86,7 +89,13 @@ DAG_ID = "chaos_billing"
 PLAIN_DAG_ID = "chaos_billing_plain"  # its twin with the plugin disabled
 TASK = "charge"
 TASK_KINDS = ("task_sigkill", "supervisor_sigkill", "sigstop_within_lease", "sigstop_past_lease")
-AIRFLOW_KINDS = ("scheduler_sigkill", "clear", "mark_failed", "duplicate_trigger")
+AIRFLOW_KINDS = (
+    "scheduler_sigkill",
+    "triggerer_sigkill",
+    "clear",
+    "mark_failed",
+    "duplicate_trigger",
+)
 ROUTE_KINDS = ("store_reset", "store_blackhole", "sink_reset", "sink_cut")
 KINDS = TASK_KINDS + AIRFLOW_KINDS + ROUTE_KINDS
 # with --private-pg: the lease store's (and billing's) own server, capped per run
@@ -94,6 +103,7 @@ SERVER_KINDS = ("store_restart", "store_crash")
 TTL = 10.0  # the harness's lease (FAST_LEASES); Airflow's task heartbeat timeout is 20 s
 SCHEDULER_BACK = 25.0  # seconds until a killed scheduler is started again
 SCHEDULER_EVERY = 12  # at most one scheduler kill per this many faults
+TRIGGERER_BACK = 10.0  # seconds until a killed triggerer is started again
 LIVE_LEASES = """
 SELECT key, (holder->>'pid')::int FROM runlease.lease
 WHERE state = 'running' AND expires_at > now()
@@ -103,6 +113,10 @@ SELECT run_id, id::text, try_number FROM task_instance
 WHERE dag_id = %s AND task_id = %s AND map_index = -1 AND state = 'running'
 """
 RUN_STATES = "SELECT run_id, state FROM dag_run WHERE dag_id = %s"
+# the charge tries waiting in the triggerer (a held lease, an unreachable store)
+DEFERRED_TRIES = """
+SELECT run_id FROM task_instance WHERE dag_id = %s AND task_id = %s AND state = 'deferred'
+"""
 SINK_SESSIONS = """
 SELECT pid, xact_start IS NOT NULL FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
@@ -156,6 +170,7 @@ class AirflowCampaign:
     stopped: dict[int, float] = field(default_factory=dict)  # pid -> when to resume it
     clears: list[tuple[float, Run]] = field(default_factory=list)  # mark-failed, then clear
     scheduler_down: dict[str, float] = field(default_factory=dict)  # name -> when back
+    triggerer_back: float = 0.0  # when a killed triggerer is started again (0: it is up)
     last_scheduler_kill: int = -SCHEDULER_EVERY
     clear_errors: list[str] = field(default_factory=list)
 
@@ -222,6 +237,10 @@ class AirflowCampaign:
                 self.airflow.stack.stop_component(name, timeout=5.0)
                 self.airflow.start_scheduler(name, wait=False)
                 del self.scheduler_down[name]
+        if self.triggerer_back and now >= self.triggerer_back:
+            self.airflow.stack.stop_component("triggerer", timeout=5.0)
+            self.airflow.stack.start_triggerer()
+            self.triggerer_back = 0.0
         for due, run in list(self.clears):
             if now >= due:
                 self.clears.remove((due, run))
@@ -277,9 +296,46 @@ class AirflowCampaign:
             self.scheduler_down or len(self.log) - self.last_scheduler_kill < SCHEDULER_EVERY
         ):
             kind = "task_sigkill"  # capped: the standby must be up, kills spread over the run
+        if kind == "triggerer_sigkill" and self.triggerer_back:
+            kind = "task_sigkill"  # one triggerer: it is down until it is started again
         if self.plain and kind.startswith("store_"):
             kind = "sink_reset" if kind == "store_reset" else "sink_cut"  # no store to hit
         return kind
+
+    def duplicate_trigger(
+        self,
+        entry: dict[str, Any],
+        leases: dict[str, int],
+        charges: list[RunningCharge],
+        pick: float,
+        spread: float,
+    ) -> bool:
+        """Triggers a second run of a business date (a running one mostly, else an ended one);
+        landed when the first run's lease was live (plain: its charge was running)."""
+        ends = [r for r in self.runs if not r.duplicate]
+        active = [r for r in ends if r.state not in TERMINAL]
+        group = active if active and pick < 0.8 else ends
+        if not group:
+            return False
+        first = group[int(spread * len(group))]
+        entry.update(key=first.business_date, landed=first.business_date in leases)
+        if self.plain:
+            entry["landed"] = any(c.business_date == first.business_date for c in charges)
+        entry["run"] = self.trigger(first.business_date, duplicate=True).run_id
+        self.log.append(entry)
+        return True
+
+    def triggerer_fault(self, entry: dict[str, Any], leases: dict[str, int]) -> bool:
+        """SIGKILLs the triggerer (started again ``TRIGGERER_BACK`` s later); landed when a
+        charge try waits in it while a lease is live (the held lease it waits for)."""
+        waiting = [r for (r,) in self.meta.execute(DEFERRED_TRIES, (self.dag_id, TASK))]
+        entry["landed"] = bool(waiting) and bool(leases)
+        run = next((r for r in self.runs if r.run_id in waiting), self.runs[-1])
+        entry["key"] = run.business_date
+        self.airflow.stack.signal("triggerer", signal.SIGKILL)
+        self.triggerer_back = time.monotonic() + TRIGGERER_BACK
+        self.log.append(entry)
+        return True
 
     def inject(self) -> bool:
         """Injects one fault; False when there was nothing to hit (not counted)."""
@@ -296,18 +352,9 @@ class AirflowCampaign:
         if kind in ROUTE_KINDS:
             return self.route_fault(kind, entry, leases, spread)
         if kind == "duplicate_trigger":
-            ends = [r for r in self.runs if not r.duplicate]
-            active = [r for r in ends if r.state not in TERMINAL]
-            group = active if active and pick < 0.8 else ends
-            if not group:
-                return False
-            first = group[int(spread * len(group))]
-            entry.update(key=first.business_date, landed=first.business_date in leases)
-            if self.plain:
-                entry["landed"] = any(c.business_date == first.business_date for c in charges)
-            entry["run"] = self.trigger(first.business_date, duplicate=True).run_id
-            self.log.append(entry)
-            return True
+            return self.duplicate_trigger(entry, leases, charges, pick, spread)
+        if kind == "triggerer_sigkill":
+            return self.triggerer_fault(entry, leases)
         if kind == "scheduler_sigkill":
             pool = [c for c in pool if c.scheduler is not None]
         if not pool:
@@ -454,6 +501,8 @@ class AirflowCampaign:
         while time.monotonic() < end:
             for name in list(self.scheduler_down):
                 self.scheduler_down[name] = 0.0
+            if self.triggerer_back:
+                self.triggerer_back = time.monotonic()
             self.tend()
             self.refresh()
             if not self.clears and all(r.state in TERMINAL for r in self.runs):
