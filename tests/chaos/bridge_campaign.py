@@ -29,8 +29,8 @@ sink outside the primaries' keys.
 A fault counts as landed when it hit while a lease was live (for a worker fault: the worker
 held one, read while it was stopped; for a TCP fault: one of its leases was live) or a sink
 transaction was open (a cut); a duplicate handover lands when its run was still running; an
-ambiguous commit lands when it fires (a commit on a worker's route to the store or to the sink is
-a lease's statement or a fenced transaction's).
+ambiguous commit lands when it fired and the worker held a live lease just after (read on the
+campaign's loop, within a tick of it).
 Then the faults stop, every run is waited for, a fresh holder asks each charge key's lease
 (one still held two lease lifetimes later is wedged), and the independent checker
 (``tests/chaos/bridge_checker.py``) judges the sink and Temporal's final states.
@@ -135,7 +135,7 @@ def billing_spec(dag_id: str, customers: int, delay: float, *, plain: bool, ttl:
         charge = TaskSpec(
             "charge",
             upstream=("extract",),
-            callable_ref=f"{W}:charge_all",
+            callable_ref="tests.chaos.bridge_tasks:charge_fenced",
             kwargs={"customers": {UPSTREAM_MARKER: "extract"}, "delay": delay},
             fenced=True,
             sink="billing_db",
@@ -245,6 +245,7 @@ class BridgeCampaign:
         self.admin_store = psycopg.connect(self.lease_dsn, autocommit=True)
         self.admin_sink = psycopg.connect(self.sink_dsn, autocommit=True)
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.fired: list[dict[str, Any]] = []  # ambiguous commits fired, to judge (on the loop)
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -295,7 +296,14 @@ class BridgeCampaign:
                 os.killpg(slot.proc.pid, sig)
 
     def tend(self) -> None:
-        """Resumes stopped workers when due; starts again any worker that died."""
+        """Resumes stopped workers when due; starts again any worker that died; judges the
+        ambiguous commits that fired (landed: the worker held a live lease just after)."""
+        while self.fired:
+            entry = self.fired.pop()
+            leases = self.live_leases()
+            entry["landed"] = any(holder == entry["pid"] for _, holder in leases)
+            if entry["landed"]:
+                entry["key"] = self.charge_key(leases, entry["pid"])
         now = time.monotonic()
         for slot in self.slots:
             if slot.stopped_until and now >= slot.stopped_until:
@@ -462,11 +470,12 @@ class BridgeCampaign:
                 entry["landed"] = self.proxy.reset(route) > 0 and entry["landed"]
             elif fault == "blackhole":
                 self.proxy.blackhole(route, self.ttl * (0.2 + 0.6 * spread))
-            else:  # ambiguous_commit: landed when it fires (the worker's lease or sink commit)
-                entry["landed"] = False
+            else:  # ambiguous_commit: judged when it fires (``tend``), on the proxy's thread
+                entry.update(landed=False, pid=pid)
 
                 def fired(entry: dict[str, Any] = entry) -> None:
-                    entry["landed"], entry["fired"] = True, time.time()
+                    entry["fired"] = time.time()
+                    self.fired.append(entry)
 
                 self.proxy.arm_ambiguous(route, fired, 2 * self.ttl)
         self.log.append(entry)

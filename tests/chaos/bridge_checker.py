@@ -6,9 +6,9 @@ Temporal server, each handed-over business run's final state and how many execut
 workflow id has. It judges the charges with the lease-level checker's rules
 (``tests.chaos.checker.check``: duplicates, stale writes, missed customers, wedged keys, per
 fault kind) and adds the engine's side: every workflow closed completed, one execution per
-business run; and the shadows' (every shadow closed completed, no sink row outside the
-primaries' keys: a shadow's writes are rolled back). It does not import the lease package or
-the bridge and never reads the lease store: those are under test.
+business run; and the shadows' (every shadow closed completed, no sink row written by a
+shadow run, whose writes are rolled back, and none outside the primaries' keys). It does not
+import the lease package or the bridge and never reads the lease store: those are under test.
 
     .venv/bin/python -m tests.chaos.bridge_checker --sink-dsn URL --temporal HOST:PORT --log LOG
 
@@ -29,7 +29,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from tests.chaos.checker import check, print_verdict, violations
 
 ROWS = (
-    "SELECT id, run_key, customer, token, extract(epoch FROM at)::float8"
+    "SELECT id, run_key, customer, token, extract(epoch FROM at)::float8, writer"
     " FROM charges ORDER BY run_key, id"
 )
 LEDGER = "SELECT count(*) FROM runfence.ledger"
@@ -52,7 +52,7 @@ def judge(
     rows: list[tuple[Any, ...]], ledger: int, log: dict[str, Any], temporal: dict[str, Any]
 ) -> dict[str, Any]:
     """The verdict: the charges judged per key and fault kind, and Temporal's side."""
-    report = check(rows, log)
+    report = check([row[:5] for row in rows], log)
     shadows = set(log.get("shadows", []))
     states: dict[str, str] = {w: s for w, s in temporal["states"].items() if w not in shadows}
     executions: dict[str, int] = temporal["executions"]
@@ -61,7 +61,8 @@ def judge(
     report.update(
         shadow_workflows=len(shadow_states),
         shadows_not_completed=sum(1 for s in shadow_states if s != completed),
-        # a shadow's writes are rolled back: a row under any other key leaked from one
+        # a shadow's writes are rolled back: a row its run wrote (writer shadow:<pid>) leaked
+        shadow_rows_leaked=sum(1 for row in rows if str(row[5] or "").startswith("shadow:")),
         rows_outside_runs=sum(1 for row in rows if row[1] not in log["keys"]),
     )
     report.update(
@@ -85,6 +86,7 @@ def bad(report: dict[str, Any]) -> int:
         + report["workflows_not_completed"]
         + report["extra_executions"]
         + report.get("shadows_not_completed", 0)
+        + report.get("shadow_rows_leaked", 0)
         + report.get("rows_outside_runs", 0)
     )
 

@@ -28,8 +28,8 @@ Faults at the processors themselves join them: the processor a holder's group ch
 answers its next requests with a 500 (nothing charged), drops the connection, or charges and
 answers only after the holder's client timed out (the ambiguous answer); and on the holder's TCP
 route to the processor (each holder reaches its processor through the proxy too): black-holed
-(a request out then may be charged with its answer held back past the client's timeout) or
-reset (the connection closed mid-request).
+(a request already at the processor is charged, its answer held back past the client's timeout;
+one sent meanwhile never arrives) or reset (landed when a request was out).
 
 A fault counts as landed when it hit while the holder had a lease or a sink transaction live
 (read from the holder's shared state while it is stopped, for a signal; when it fired, for an
@@ -74,7 +74,7 @@ from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.demo.processor import ProcessorProcess, inject_fault
 from airflow_plugins.lease import SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from tests.chaos import holder as holder_module
-from tests.chaos.holder import ACCEPTED, FIELDS, IDLE, Config
+from tests.chaos.holder import ACCEPTED, CALL, FIELDS, IDLE, Config
 from tests.chaos.proxy import Proxy
 from tests.lease.ports import free_port
 
@@ -97,8 +97,9 @@ BATCHED_IN_FLIGHT = 4
 # after the holder's client timed out (the ambiguous answer)
 PROCESSOR_KINDS = ("processor_500", "processor_down", "processor_timeout")
 # with --processor-groups: on the holder's TCP route to its processor (the proxy's): black-holed
-# (a request sent then may have been charged: the client times out, the answer is unknown) or
-# reset (the connection closed mid-request)
+# (a request already at the processor is charged, its answer held past the client's timeout;
+# one sent meanwhile never reaches it: either way the holder does not know) or reset (landed
+# when it closed a connection with a request out)
 PROCESSOR_ROUTE_KINDS = ("processor_blackhole", "processor_reset")
 # with --private-pg: capped per run, they cost seconds each
 SERVER_KINDS = ("store_restart", "store_crash")
@@ -369,6 +370,8 @@ class Campaign:
             self.proxy.blackhole(route, ttl * (0.5 + 2 * spread))
         elif fault == "reset":
             landed = self.proxy.reset(route) > 0 and landed
+            if route_kind == "processor":  # landed when it cut a request out at the processor
+                landed = landed and self.state[slot.index * FIELDS] == CALL
         elif fault == "slow":
             self.proxy.slow(route, ttl * (0.02 + 0.2 * spread), ttl * (1 + 2 * spread))
         else:  # ambiguous_commit: landed when it fires within a lease or a sink transaction

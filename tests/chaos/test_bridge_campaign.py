@@ -61,6 +61,7 @@ def test_fenced_bridge_runs_under_faults_charge_every_customer_once(temporal: st
     # each business run's shadow beside it: closed completed, nothing of it left in the sink
     assert verdict["shadow_workflows"] == verdict["runs"]
     assert verdict["shadows_not_completed"] == 0
+    assert verdict["shadow_rows_leaked"] == 0
     assert verdict["rows_outside_runs"] == 0
 
 

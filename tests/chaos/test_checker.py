@@ -55,3 +55,27 @@ def test_items_charged_twice_or_never_at_the_processor_are_reported() -> None:
     assert verdict["processor_items_missed"] == 2  # item-001's charge was another run's
     assert verdict["by_fault"]["sigkill"]["processor_duplicates"] == 1
     assert verdict["processor_charges"] == 3
+
+
+def test_the_bridge_checker_reports_a_leaked_shadow_write_and_a_shadow_not_completed() -> None:
+    """A shadow's writes are rolled back: a row its run wrote, found in the sink, is a leak (it
+    may not be a duplicate: here the primary never wrote that customer)."""
+    from tests.chaos.bridge_checker import bad, judge
+
+    log = {**_log(), "runs": ["primary-wf"], "shadows": ["shadow-wf"]}
+    rows = [
+        (1, KEY, "item-000", 5, 9.0, "primary:11"),
+        (2, KEY, "item-001", 5, 11.0, "primary:11"),
+        (3, KEY, "item-002", 3, 12.0, "shadow:12"),
+    ]
+    temporal = {
+        "states": {"primary-wf": "COMPLETED", "shadow-wf": "FAILED"},
+        "executions": {"primary-wf": 1, "shadow-wf": 1},
+    }
+    verdict = judge(rows, 3, log, temporal)
+    assert verdict["shadow_rows_leaked"] == 1
+    assert verdict["shadows_not_completed"] == 1
+    assert verdict["workflows_not_completed"] == 0
+    assert bad(verdict) >= 2
+    clean = judge([(*r[:5], "primary:11") for r in rows], 3, log, temporal)
+    assert clean["shadow_rows_leaked"] == 0
