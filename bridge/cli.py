@@ -116,20 +116,32 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             mode = modes.get(args.dag_id).value
             print(json.dumps({"dag_id": args.dag_id, "mode": mode}) if args.json else mode)
             return 0
-        target = CutoverMode.parse(args.mode)
-        current = modes.get(args.dag_id)
-        if target is CutoverMode.SHADOW and not args.force:
-            note = _check_shadow(args, config)
-            if note:
-                print(f"note: {note}", file=sys.stderr)
-        # entering temporal-scheduled: the DAG must translate and its timetable fit a Temporal
-        # Schedule before anything changes
-        scheduled = (
-            _scheduled_spec(args, config)
-            if target is CutoverMode.TEMPORAL_SCHEDULED and current is not target
-            else None
-        )
-        verdict = readiness(store, args.dag_id, config.ready_after)
+        return _mode_set(args, config, store, modes)
+
+
+def _mode_set(
+    args: argparse.Namespace, config: BridgeConfig, store: LeaseStore, modes: ModeStore
+) -> int:
+    """``mode set DAG MODE``: the gates, the change, and for ``temporal-scheduled`` its
+    Schedule and the Airflow DAG's pause. Entering it, the Schedule is made before the mode
+    changes (a Schedule whose DAG is not in the mode starts nothing), so a failure changes
+    nothing; leaving it, the mode changes first and Airflow is unpaused before the Schedule is
+    deleted, so a rollback never waits on Temporal (a Schedule that could not be deleted is
+    said, and the command still succeeds)."""
+    target = CutoverMode.parse(args.mode)
+    current = modes.get(args.dag_id)
+    if target is CutoverMode.SHADOW and not args.force:
+        note = _check_shadow(args, config)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+    entering = target is CutoverMode.TEMPORAL_SCHEDULED and current is not target
+    leaving = current is CutoverMode.TEMPORAL_SCHEDULED and target is not current
+    said: dict[str, str] = {}
+    if entering:
+        # the DAG must translate and its timetable fit a Schedule before anything is made
+        said["schedule"] = _create_schedule(args, config, _scheduled_spec(args, config))
+    verdict = readiness(store, args.dag_id, config.ready_after)
+    try:
         change = modes.set(
             args.dag_id,
             target,
@@ -139,27 +151,34 @@ def cmd_mode(args: argparse.Namespace, config: BridgeConfig) -> int:
             ready=verdict.ready,
             why_not_ready=verdict.why_not(),
         )
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "dag_id": args.dag_id,
-                        "previous": change.previous.value,
-                        "current": change.current.value,
-                        "version": change.version,
-                    }
-                )
+    except BaseException:
+        if entering:  # the mode did not change: the Schedule made for it goes
+            _delete_schedule(args, config)
+        raise
+    if entering:
+        _airflow_pause(args, "pause")
+    if leaving:
+        _airflow_pause(args, "unpause")
+        left = _delete_schedule(args, config)
+        if left:
+            said["schedule_left"] = left
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dag_id": args.dag_id,
+                    "previous": change.previous.value,
+                    "current": change.current.value,
+                    "version": change.version,
+                    **said,
+                }
             )
-        else:
-            print(
-                f"{args.dag_id}: {change.previous.value} -> {change.current.value} "
-                f"(v{change.version})"
-            )
-        if scheduled is not None:
-            _enter_schedule(args, config, modes, change.previous, scheduled)
-        elif current is CutoverMode.TEMPORAL_SCHEDULED and target is not current:
-            _leave_schedule(args, config)
-        return 0
+        )
+    else:
+        print(
+            f"{args.dag_id}: {change.previous.value} -> {change.current.value} (v{change.version})"
+        )
+    return 0
 
 
 def _check_shadow(args: argparse.Namespace, config: BridgeConfig) -> str | None:
@@ -227,71 +246,73 @@ def _scheduled_spec(args: argparse.Namespace, config: BridgeConfig) -> DagSpec:
     return translation.spec
 
 
-def _enter_schedule(
-    args: argparse.Namespace,
-    config: BridgeConfig,
-    modes: ModeStore,
-    previous: CutoverMode,
-    spec: DagSpec,
-) -> None:
-    """Creates the DAG's Temporal Schedule, then pauses the Airflow DAG. When the Schedule
-    cannot be created the mode change is undone (an audited move back to ``previous``), so
-    the DAG is never left in ``temporal-scheduled`` with nothing scheduling it."""
+#: how long a Schedule call and ``airflow dags pause`` may take before the command gives up
+SCHEDULE_RPC_TIMEOUT_S = 15.0
+PAUSE_TIMEOUT_S = 120.0
+
+
+def _create_schedule(args: argparse.Namespace, config: BridgeConfig, spec: DagSpec) -> str:
+    """Creates the DAG's Temporal Schedule (one left from before is replaced); returns its id.
+
+    Raises:
+        TemporalUnavailable: Temporal did not answer; nothing was made.
+    """
     from bridge.temporal import schedule
 
     async def create() -> str:
         client = await connect(config)
         return await schedule.create_schedule(
-            client, spec, config.task_queue(spec.lane), overlap=args.overlap
+            client,
+            spec,
+            config.task_queue(spec.lane),
+            overlap=args.overlap,
+            rpc_timeout_s=SCHEDULE_RPC_TIMEOUT_S,
         )
 
-    try:
-        sid = asyncio.run(create())
-    except Exception as exc:
-        modes.set(
-            args.dag_id,
-            previous,
-            actor=args.actor,
-            reason=f"undone: the Temporal schedule could not be created ({type(exc).__name__})",
-            force=True,
-        )
-        print(f"{args.dag_id}: undone, back to {previous.value}", file=sys.stderr)
-        raise
-    print(f"created Temporal schedule {sid}")
-    _airflow_pause(args, "pause")
+    sid = asyncio.run(create())
+    print(f"created Temporal schedule {sid}", file=sys.stderr if args.json else sys.stdout)
+    return sid
 
 
-def _leave_schedule(args: argparse.Namespace, config: BridgeConfig) -> None:
-    """Deletes the DAG's Temporal Schedule and unpauses the Airflow DAG. A rollback never
-    waits on Temporal: the mode has changed already (a tick now starts nothing, see
-    ``ScheduledDagWorkflow``) and Airflow is unpaused even when the delete fails, which is
-    then reported with the Schedule's id, to delete when Temporal is back."""
+def _delete_schedule(args: argparse.Namespace, config: BridgeConfig) -> str:
+    """Deletes the DAG's Temporal Schedule; returns "" when it is gone, else its id (and says
+    how to delete it): its ticks start nothing outside ``temporal-scheduled``."""
     from bridge.temporal import schedule
 
+    sid = schedule.schedule_id(args.dag_id)
+
     async def delete() -> None:
-        await schedule.delete_schedule(await connect(config), args.dag_id)
+        client = await connect(config)
+        await schedule.delete_schedule(client, args.dag_id, rpc_timeout_s=SCHEDULE_RPC_TIMEOUT_S)
 
     try:
         asyncio.run(delete())
-    except Exception:
-        _airflow_pause(args, "unpause")
+    except Exception as exc:
         print(
-            f"{args.dag_id}: the Temporal schedule {schedule.schedule_id(args.dag_id)} is still "
-            "there (its ticks start nothing outside temporal-scheduled): delete it with "
-            f"`temporal schedule delete --schedule-id {schedule.schedule_id(args.dag_id)}`",
+            f"warning: {args.dag_id}: the Temporal schedule {sid} could not be deleted "
+            f"({type(exc).__name__}); its ticks start nothing outside temporal-scheduled. Delete "
+            f"it when Temporal is back: temporal schedule delete --schedule-id {sid} --address "
+            f"{config.temporal_address} --namespace {config.namespace}",
             file=sys.stderr,
         )
-        raise
-    print(f"deleted Temporal schedule {schedule.schedule_id(args.dag_id)}")
-    _airflow_pause(args, "unpause")
+        return sid
+    print(f"deleted Temporal schedule {sid}", file=sys.stderr if args.json else sys.stdout)
+    return ""
 
 
 def _airflow_pause(args: argparse.Namespace, verb: str) -> None:
-    """``airflow dags pause|unpause DAG`` (unless ``--no-airflow-pause``)."""
+    """``airflow dags pause|unpause DAG`` (unless ``--no-airflow-pause``), bounded."""
     if args.no_airflow_pause:
         return
-    done = subprocess.run(["airflow", "dags", verb, args.dag_id], capture_output=True)
-    print(f"airflow dags {verb} {args.dag_id}: exit {done.returncode}")
+    try:
+        done = subprocess.run(
+            ["airflow", "dags", verb, args.dag_id], capture_output=True, timeout=PAUSE_TIMEOUT_S
+        )
+        code: object = done.returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        code = type(exc).__name__
+    out = sys.stderr if args.json else sys.stdout
+    print(f"airflow dags {verb} {args.dag_id}: exit {code}", file=out)
 
 
 def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:

@@ -355,7 +355,7 @@ def change_mode(
     from airflow_plugins.watcher.settings import lease_store_dsn
     from bridge.comparison import readiness
     from bridge.cutover import CutoverMode, ModeStore
-    from bridge.in_airflow import shadow_check
+    from bridge.in_airflow import cli_child, shadow_check
 
     store = _store(request)
     with _refused_as(status.HTTP_409_CONFLICT):
@@ -364,16 +364,18 @@ def change_mode(
         if CutoverMode.TEMPORAL_SCHEDULED in (target, modes.get(dag_id)):
             # the Temporal Schedule created or deleted and the Airflow DAG paused or unpaused,
             # as `bridge mode set` does it, in a child process (no temporalio in the api-server)
-            before, after = shadow_check.set_scheduled_in_child(
+            before, after, warning = cli_child.set_mode_in_child(
                 dag_id,
                 target.value,
                 actor=actor,
                 reason=reason,
                 force=force,
+                folder=shadow_check.dags_folder(),
                 lease_dsn=lease_store_dsn(),
                 mode_now=lambda: modes.get(dag_id).value,
             )
-            return _back(request, "migration", f"{dag_id}: {before} -> {after}")
+            said = f"{dag_id}: {before} -> {after}" + (f" (warning: {warning})" if warning else "")
+            return _back(request, "migration", said)
         # the same gate as `bridge mode set DAG shadow` (also skipped by force), run on the DAG
         # folder in a child process: DAG code never runs in the api-server
         if target is CutoverMode.SHADOW and not force:

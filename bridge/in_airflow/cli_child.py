@@ -14,8 +14,11 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from airflow_plugins.lease.command_line import EXIT_UNREACHABLE
+from bridge.cutover import ModeChangeRefused
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,8 @@ def run_bridge(
     )
     stderr = done.stderr.decode(errors="replace")
     errors = [line for line in stderr.splitlines() if line.startswith("bridge: error: ")]
-    if done.returncode and not errors:
-        log.error("bridge %s failed (exit %s): %s", args[:3], done.returncode, stderr)
+    if done.returncode:
+        log.error("bridge %s failed (exit %s): %s", args[:2], done.returncode, stderr)
     answer = None
     for line in reversed(done.stdout.decode(errors="replace").strip().splitlines()):
         try:
@@ -63,4 +66,55 @@ def run_bridge(
             answer = parsed
             break
     error = errors[-1].removeprefix("bridge: error: ") if errors else ""
+    if done.returncode == EXIT_UNREACHABLE:  # its message names hosts, ports and users
+        error = "Temporal or the lease store did not answer (details in the api-server's log)"
     return ChildAnswer(done.returncode, answer, error)
+
+
+def set_mode_in_child(
+    dag_id: str,
+    mode: str,
+    *,
+    actor: str,
+    reason: str,
+    force: bool,
+    folder: str,
+    lease_dsn: str,
+    mode_now: Callable[[], str],
+    timeout: float = 90.0,
+) -> tuple[str, str, str]:
+    """``bridge mode set`` in a child process, for a change into or out of
+    ``temporal-scheduled``: the Temporal Schedule made before the mode changes (or deleted
+    after), the Airflow DAG paused or unpaused, as the command line does it. The child uses the
+    page's lease store (``lease_dsn``, passed in its environment, never on its command line).
+
+    Returns:
+        The mode before and after, and a warning for the user ("" when none): a Schedule a
+        rollback could not delete.
+
+    Raises:
+        ModeChangeRefused: the command line refused or failed (its one-line error, and the
+            DAG's mode after it, read by ``mode_now``), or did not answer within ``timeout``.
+    """
+    if dag_id.startswith("-"):  # the command line would read it as an option
+        raise ModeChangeRefused(f"{dag_id!r}: change its mode with `bridge mode set` in a shell")
+    args = ["mode", "set", dag_id, mode, f"--actor={actor}", f"--reason={reason}"]
+    args += [f"--dags-folder={folder}", *(["--force"] if force else [])]
+    try:
+        done = run_bridge(args, timeout, {"BRIDGE_LEASE_DSN": lease_dsn})
+    except subprocess.TimeoutExpired as exc:
+        raise ModeChangeRefused(
+            f"{dag_id}: `bridge mode set {mode}` did not answer within {timeout:.0f} s ({dag_id} "
+            f"is in mode {mode_now()}); check the Temporal schedule before trying again"
+        ) from exc
+    if done.code or done.answer is None:
+        error = done.error or f"`bridge mode set` failed (exit {done.code})"
+        raise ModeChangeRefused(f"{error} ({dag_id} is in mode {mode_now()})")
+    left = done.answer.get("schedule_left")
+    warning = (
+        f"the Temporal schedule {left} could not be deleted (its ticks start nothing now); "
+        "delete it when Temporal is back: temporal schedule delete --schedule-id " + str(left)
+        if left
+        else ""
+    )
+    return str(done.answer["previous"]), str(done.answer["current"]), warning

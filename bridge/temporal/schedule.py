@@ -75,9 +75,15 @@ def _observes_dst(timezone: str) -> bool:
 
 
 async def create_schedule(
-    client: Client, spec: DagSpec, task_queue: str, *, overlap: str = "buffer_one"
+    client: Client,
+    spec: DagSpec,
+    task_queue: str,
+    *,
+    overlap: str = "buffer_one",
+    rpc_timeout_s: float | None = None,
 ) -> str:
-    """Creates (or keeps) the DAG's schedule; returns its id.
+    """Creates the DAG's schedule; returns its id. One already there (left by a rollback whose
+    delete failed) is replaced, so the ticks run this spec, queue and overlap, not an old one.
 
     Overlap ``buffer_one`` (default): a tick that comes while the previous run still runs waits
     for it, one deep; no tick is silently dropped, none runs concurrently with another.
@@ -88,29 +94,32 @@ async def create_schedule(
     """
     when = schedule_spec(spec)
     sid = schedule_id(spec.dag_id)
+    timeout = timedelta(seconds=rpc_timeout_s) if rpc_timeout_s else None
+    made = Schedule(
+        action=ScheduleActionStartWorkflow(
+            ScheduledDagWorkflow.run,
+            ScheduledRunInput(spec, task_queue),
+            id=f"bridge-tick:{spec.dag_id}",
+            task_queue=task_queue,
+        ),
+        spec=when,
+        policy=SchedulePolicy(overlap=OVERLAP[overlap]),
+    )
     try:
-        await client.create_schedule(
-            sid,
-            Schedule(
-                action=ScheduleActionStartWorkflow(
-                    ScheduledDagWorkflow.run,
-                    ScheduledRunInput(spec, task_queue),
-                    id=f"bridge-tick:{spec.dag_id}",
-                    task_queue=task_queue,
-                ),
-                spec=when,
-                policy=SchedulePolicy(overlap=OVERLAP[overlap]),
-            ),
-        )
+        await client.create_schedule(sid, made, rpc_timeout=timeout)
     except ScheduleAlreadyRunningError:
-        pass
+        await delete_schedule(client, spec.dag_id, rpc_timeout_s=rpc_timeout_s)
+        await client.create_schedule(sid, made, rpc_timeout=timeout)
     return sid
 
 
-async def delete_schedule(client: Client, dag_id: str) -> bool:
+async def delete_schedule(
+    client: Client, dag_id: str, *, rpc_timeout_s: float | None = None
+) -> bool:
     """Deletes the DAG's schedule (running runs go on); returns whether one existed."""
+    timeout = timedelta(seconds=rpc_timeout_s) if rpc_timeout_s else None
     try:
-        await client.get_schedule_handle(schedule_id(dag_id)).delete()
+        await client.get_schedule_handle(schedule_id(dag_id)).delete(rpc_timeout=timeout)
     except RPCError as exc:
         if exc.status is RPCStatusCode.NOT_FOUND:
             return False

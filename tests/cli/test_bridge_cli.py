@@ -165,9 +165,11 @@ def _mode_history(dsn: str, dag_id: str) -> list[tuple[str, str]]:
 def test_temporal_scheduled_changes_nothing_until_its_schedule_exists(
     empty_db: str, tmp_path: Path
 ) -> None:
-    """Entering temporal-scheduled: a DAG that does not translate is refused before any change;
-    a Temporal that cannot create the Schedule undoes the change (audited), so the DAG is never
-    left in temporal-scheduled with nothing scheduling it (it was, before the fix)."""
+    """Entering temporal-scheduled: a DAG that does not translate is refused, and a Temporal
+    that cannot make the Schedule fails the command, both before any change (before the fix
+    the mode changed first and was left in temporal-scheduled with nothing scheduling it).
+    Leaving it with Temporal down still rolls back: the mode changes and the command succeeds,
+    naming the Schedule left to delete."""
     migrate(empty_db, LEASE_STORE)
     migrate_bridge(empty_db)
     (tmp_path / "nightly.py").write_text(SCHEDULED_DAGS)
@@ -186,20 +188,26 @@ def test_temporal_scheduled_changes_nothing_until_its_schedule_exists(
     assert refused.returncode == 1, refused.stderr
     assert "bridge: error: nightly_chain" in refused.stderr
     assert "next_dag" in refused.stderr
-    assert _mode_history(empty_db, "nightly_chain") == [
-        ("airflow", "shadow"),
-        ("shadow", "temporal"),
-    ]
+    setup = [("airflow", "shadow"), ("shadow", "temporal")]
+    assert _mode_history(empty_db, "nightly_chain") == setup
 
-    undone = bridge("mode", "set", "nightly_ok", "temporal-scheduled", *common, **env)
-    assert undone.returncode != 0
-    assert "nightly_ok: undone, back to temporal" in undone.stderr
+    unreachable = bridge("mode", "set", "nightly_ok", "temporal-scheduled", *common, **env)
+    assert unreachable.returncode == 3, unreachable.stderr  # Temporal unreachable
+    assert "bridge: error: Temporal at 127.0.0.1:1 is unreachable" in unreachable.stderr
     assert bridge("--json", "mode", "get", "nightly_ok", **env).stdout.strip() == (
         '{"dag_id": "nightly_ok", "mode": "temporal"}'
     )
-    assert _mode_history(empty_db, "nightly_ok") == [
-        ("airflow", "shadow"),
-        ("shadow", "temporal"),
-        ("temporal", "temporal-scheduled"),
-        ("temporal-scheduled", "temporal"),
-    ]
+    assert _mode_history(empty_db, "nightly_ok") == setup
+
+    with LeaseStore(empty_db) as store:  # as if the Schedule had been made earlier
+        ModeStore(store).set("nightly_ok", "temporal-scheduled", actor="ops", reason="setup")
+    rollback = bridge(
+        "--json", "mode", "set", "nightly_ok", "temporal", *common[:2], "--reason=-rollback",
+        "--no-airflow-pause", **env,
+    )  # fmt: skip
+    assert rollback.returncode == 0, rollback.stderr
+    answer = json.loads(rollback.stdout.strip().splitlines()[-1])
+    assert (answer["previous"], answer["current"]) == ("temporal-scheduled", "temporal")
+    assert answer["schedule_left"] == "bridge-schedule:nightly_ok"
+    assert "temporal schedule delete --schedule-id bridge-schedule:nightly_ok" in rollback.stderr
+    assert _mode_history(empty_db, "nightly_ok")[-1] == ("temporal-scheduled", "temporal")
