@@ -23,6 +23,7 @@ from typing import Any
 from bridge.airflow_side import SOURCE_PREFIX
 from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
+from bridge.in_airflow.refusals import class_names
 from bridge.in_airflow.shadow_gate import shadow_route
 from bridge.in_airflow.translate import UntranslatableDag, translate
 from bridge.spec import RunMode
@@ -48,6 +49,8 @@ def _start(ti: Any) -> bool:
     dag = task.dag
     if task.upstream_task_ids or shadow_route(dag, [dag]) != "none":
         return False
+    if any("BridgeOperator" in class_names(t) for t in dag.tasks):
+        return False  # a driver DAG: its graph's mode is the one that counts (operator.py)
     from airflow_plugins.protection import config
     from airflow_plugins.protection.task_identity import target_from_context
 
