@@ -20,6 +20,8 @@ from psycopg.types.json import Jsonb
 from airflow_plugins.lease import LeaseStore
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from airflow_plugins.protection.config import sink_dsn
+from bridge import task_comparison
+from bridge.airflow_side import AirflowSideUnavailable, airflow_tasks, run_id_of
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
 
@@ -28,11 +30,17 @@ MAX_LISTED = 20
 
 @dataclasses.dataclass(frozen=True)
 class CompareInput:
-    """A finished shadow run to compare; ``final`` compares even if the primary is unfinished."""
+    """A finished shadow run to compare; ``final`` compares even if the primary is unfinished.
+
+    ``source``: who started the shadow; a whole-DAG shadow of an ordinary DAG
+    (``airflow-dagrun:<run id>``) is compared task by task with that Airflow run
+    (``bridge.task_comparison``), any other with the primary's lease rows and sink ledger.
+    """
 
     spec: DagSpec
     shadow: DagRunResult
     final: bool = False
+    source: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +70,9 @@ class _Side:
 
 def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
     """Compares and, unless the primary is still running, stores the comparison row."""
+    airflow_run = run_id_of(inp.source)
+    if airflow_run is not None:
+        return _compare_tasks(store, inp, airflow_run)
     shadow = inp.shadow
     primary = _primary_side(store, inp.spec, shadow)
     if primary.pending and not inp.final:
@@ -89,6 +100,59 @@ def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
                 "matched": not differences,
                 "primary_calls": Jsonb(primary.calls),
                 "shadow_calls": Jsonb(shadow_side.calls),
+                "primary_tasks": Jsonb({}),
+                "shadow_tasks": Jsonb({}),
+            },
+        )
+    return Comparison(pending=False, matched=not differences, differences=tuple(differences))
+
+
+def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Comparison:
+    """A whole-DAG shadow against its Airflow run, task by task (state, XComs, durations)."""
+    shadow = inp.shadow
+    try:
+        primary = airflow_tasks(shadow.dag_id, airflow_run)
+    except AirflowSideUnavailable:
+        if not inp.final:
+            return Comparison(pending=True)
+        primary = {}
+    primary_status = task_comparison.run_state(primary) if primary else "missing"
+    if primary_status == "running" and not inp.final:
+        return Comparison(pending=True)
+    theirs = task_comparison.shadow_tasks(shadow)
+    differences = task_comparison.differences(primary, theirs)
+    if primary_status != shadow.status:
+        differences.insert(
+            0, {"what": "status", "primary": primary_status, "shadow": shadow.status}
+        )
+    durations = [t.ms for t in primary.values() if t.ms is not None]
+    rows = {t: o.captured.get("rows", {}) for t, o in shadow.tasks.items() if o.captured}
+    with store.connection() as conn:
+        conn.execute(
+            query("comparison_upsert"),
+            {
+                "dag_id": shadow.dag_id,
+                "business_date": shadow.business_date,
+                "primary_engine": "airflow",
+                "primary_status": primary_status,
+                "primary_ms": sum(durations) if durations else None,
+                "primary_digests": Jsonb(
+                    {t: digest(s.xcoms) for t, s in primary.items() if s.state == "success"}
+                ),
+                "primary_items": Jsonb({}),
+                "shadow_status": shadow.status,
+                "shadow_ms": shadow.duration_ms,
+                "shadow_digests": Jsonb(
+                    {t: digest(s.xcoms) for t, s in theirs.items() if s.state == "success"}
+                ),
+                "shadow_items": Jsonb({}),
+                "shadow_rows": Jsonb(rows),
+                "differences": Jsonb(differences),
+                "matched": not differences,
+                "primary_calls": Jsonb({}),
+                "shadow_calls": Jsonb(_shadow_side(shadow).calls),
+                "primary_tasks": Jsonb({t: s.as_row() for t, s in primary.items()}),
+                "shadow_tasks": Jsonb({t: s.as_row() for t, s in theirs.items()}),
             },
         )
     return Comparison(pending=False, matched=not differences, differences=tuple(differences))

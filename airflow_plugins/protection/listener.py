@@ -390,6 +390,29 @@ def _holder_gone(stored: Mapping[str, Any], *, in_task: bool) -> bool:
 
 
 @hookimpl
+def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
+    """A try starts in its own task process: an unprotected task's run may be due a shadow.
+
+    The configured router decides (``task_started(ti)``, when it has one: the bridge's starts
+    the whole-DAG Temporal shadow of an ordinary DAG in ``shadow`` mode, detached, never
+    waited for). Never in the scheduler: the hook acts only on the task SDK's runtime instance.
+    """
+
+    def act() -> None:
+        if not _in_task_process(task_instance) or _task_is_protected(
+            getattr(task_instance, "task", None)
+        ):
+            return
+        from airflow_plugins.protection.routing import current_router
+
+        started = getattr(current_router(), "task_started", None)
+        if callable(started):
+            started(task_instance)
+
+    _guarded("on_task_instance_running", act)
+
+
+@hookimpl
 def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
     """Audits a protected try failing and fails the lease it still holds."""
 

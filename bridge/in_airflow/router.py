@@ -179,5 +179,12 @@ class BridgeRouter:
             return Route(mode.value, ShadowHandover())
         return Route(mode.value, TemporalHandover())
 
+    def task_started(self, ti: Any) -> None:
+        """An unprotected task started (in its task process): the whole-DAG shadow of an
+        ordinary DAG in ``shadow`` mode starts from its run's root tasks (never fatal)."""
+        from bridge.in_airflow.whole_shadow import start_for
+
+        start_for(ti)
+
 
 router = BridgeRouter()

@@ -101,8 +101,8 @@ def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | Non
     """The shadow gate of ``dag_id`` among the DAGs of ``folder`` (``dags``: id -> DAG).
 
     Returns:
-        A note for the user when shadow is allowed but Temporal starts no shadow of the DAG
-        (nothing hands it over), else None.
+        A note for the user on how Temporal shadows the DAG when it is an ordinary one (the
+        whole graph, beside each Airflow run: ``bridge.in_airflow.whole_shadow``), else None.
 
     Raises:
         ModeChangeRefused: the DAG is not among ``dags``, or Temporal would run some of its
@@ -122,7 +122,8 @@ def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | Non
         )
     if shadow_route(dag, dags.values()) == "none":
         return (
-            f"{dag_id} has no protected task and no BridgeOperator hands it over: "
-            "Temporal starts no shadow of it (see MIGRATION.md, Shadow)"
+            f"{dag_id} has no protected task and no BridgeOperator hands it over: each of its "
+            "Airflow runs starts a Temporal shadow of the whole DAG, compared task by task "
+            "(the bridge's router must be installed; see MIGRATION.md, Shadow)"
         )
     return None

@@ -29,11 +29,11 @@ RETURNING mode;
 INSERT INTO bridge.comparison (
     dag_id, business_date, primary_engine, primary_status, primary_ms, primary_digests,
     primary_items, shadow_status, shadow_ms, shadow_digests, shadow_items, shadow_rows,
-    differences, matched, primary_calls, shadow_calls)
+    differences, matched, primary_calls, shadow_calls, primary_tasks, shadow_tasks)
 VALUES (%(dag_id)s, %(business_date)s, %(primary_engine)s, %(primary_status)s, %(primary_ms)s,
         %(primary_digests)s, %(primary_items)s, %(shadow_status)s, %(shadow_ms)s,
         %(shadow_digests)s, %(shadow_items)s, %(shadow_rows)s, %(differences)s, %(matched)s,
-        %(primary_calls)s, %(shadow_calls)s)
+        %(primary_calls)s, %(shadow_calls)s, %(primary_tasks)s, %(shadow_tasks)s)
 ON CONFLICT (dag_id, business_date) DO UPDATE SET
     primary_engine = excluded.primary_engine, primary_status = excluded.primary_status,
     primary_ms = excluded.primary_ms, primary_digests = excluded.primary_digests,
@@ -42,6 +42,7 @@ ON CONFLICT (dag_id, business_date) DO UPDATE SET
     shadow_items = excluded.shadow_items, shadow_rows = excluded.shadow_rows,
     differences = excluded.differences, matched = excluded.matched,
     primary_calls = excluded.primary_calls, shadow_calls = excluded.shadow_calls,
+    primary_tasks = excluded.primary_tasks, shadow_tasks = excluded.shadow_tasks,
     compared_at = now();
 
 -- name: comparison_get

@@ -191,7 +191,7 @@ class DagRunWorkflow:
             final = waited >= inp.compare_wait_s
             verdict = await workflow.execute_activity_method(
                 BridgeActivities.compare_run,
-                CompareInput(inp.spec, result, final),
+                CompareInput(inp.spec, result, final, inp.source),
                 start_to_close_timeout=short,
             )
             if not verdict.pending:

@@ -1,0 +1,52 @@
+"""The per-task comparison of a whole-DAG shadow (``bridge.task_comparison``), on the values
+the worker gets from Airflow's REST API and from the shadow workflow's result."""
+
+from __future__ import annotations
+
+from bridge.comparison import digest
+from bridge.spec import DagRunResult, RunMode, TaskOutcome
+from bridge.task_comparison import TaskSide, differences, run_state, shadow_tasks
+
+
+def _shadow(**tasks: TaskOutcome) -> DagRunResult:
+    return DagRunResult("d", "2024-02-15", RunMode.SHADOW, "success", dict(tasks))
+
+
+def test_states_branches_and_every_xcom_key_are_compared_not_durations() -> None:
+    shadow = shadow_tasks(
+        _shadow(
+            extract=TaskOutcome("succeeded", ["a"], duration_ms=40),
+            bulk=TaskOutcome("skipped"),
+            report=TaskOutcome("succeeded", {"n": 1}, xcoms={"n": 1}, duration_ms=5),
+        )
+    )
+    assert shadow["report"].xcoms == {"return_value": digest({"n": 1}), "n": digest(1)}
+    airflow = {
+        "extract": TaskSide("success", 900, {"return_value": digest(["a"])}),
+        "bulk": TaskSide("skipped", None, {}),
+        "report": TaskSide("success", 300, {"return_value": digest({"n": 1}), "n": digest(1)}),
+    }
+    assert differences(airflow, shadow) == []
+    assert run_state(airflow) == "success"
+
+    airflow["bulk"] = TaskSide("success", 10, {})  # Airflow's branch took another way
+    airflow["report"] = TaskSide("success", 300, {"return_value": digest({"n": 2}), "n": digest(1)})
+    assert differences(airflow, shadow) == [
+        {"what": "state", "task": "bulk", "primary": "success", "shadow": "skipped"},
+        {
+            "what": "xcom",
+            "task": "report",
+            "key": "return_value",
+            "primary": digest({"n": 2}),
+            "shadow": digest({"n": 1}),
+        },
+    ]
+
+
+def test_a_task_missing_on_one_side_or_still_running_is_told() -> None:
+    shadow = shadow_tasks(_shadow(extract=TaskOutcome("failed", error="boom")))
+    assert differences({}, shadow) == [
+        {"what": "state", "task": "extract", "primary": "missing", "shadow": "failed"}
+    ]
+    assert run_state({"extract": TaskSide("running", None, {})}) == "running"
+    assert run_state({"extract": TaskSide("upstream_failed", None, {})}) == "failed"
