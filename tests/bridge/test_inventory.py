@@ -597,3 +597,23 @@ def test_a_rendered_protected_task_still_routes_alone(monkeypatch: pytest.Monkey
     assert [(t.task_id, t.kind, t.fenced) for t in spec.tasks] == [
         ("charge", TaskKind.PYTHON, True)
     ]
+
+
+def test_an_asset_another_dag_declares_under_another_name_is_refused() -> None:
+    """Airflow keeps one of the two active and fails the tasks using the other (the example
+    DAGs it ships do this: ``example_outlet_event_extra`` against ``example_inlet_event_extra``)."""
+    from airflow.sdk import Asset
+
+    with _dag("writes_named") as named:
+        BashOperator(
+            task_id="write", bash_command="true", outlets=[Asset(uri="s3://x/1", name="n")]
+        )
+    with _dag("writes_by_uri") as by_uri:
+        BashOperator(task_id="write", bash_command="true", outlets=[Asset("s3://x/1")])
+    with _dag("writes_other") as other:
+        BashOperator(task_id="write", bash_command="true", outlets=[Asset("s3://x/2")])
+    found = {t.dag_id: t for t in inventory([named, by_uri, other])}
+    refused(found["writes_named"], "write", "asset conflict", "'s3://x/1'", "inactive")
+    refused(found["writes_by_uri"], "write", "asset conflict", "'s3://x/1'")
+    assert found["writes_other"].ok, found["writes_other"].report()
+    assert translate(named).ok  # alone, nothing conflicts
