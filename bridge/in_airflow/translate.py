@@ -227,6 +227,10 @@ def task_spec(
     if fn is None or (names & SKIPPING and not mapped):
         # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
+    if "_BashDecoratedOperator" in names and not mapped:
+        # @task.bash: its execute calls the function (with the context) and runs the returned
+        # command with bash, as Airflow's task runner does
+        return _operator_spec(task, names, mapped, side_effect_free, common)
     if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
         raise NotTranslatable(*elsewhere(type(task).__name__, names))
     args = list((getattr(task, "op_args", None) if not mapped else partial.get("op_args")) or ())

@@ -99,6 +99,8 @@ VOLATILE = {
     "tutorial.print_date": "prints the wall clock (`date`)",
     "example_bash_operator.describe_dag_folder": "prints the deployment's $AIRFLOW_HOME",
     "example_bash_operator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
+    "example_bash_decorator.describe_dag_folder": "prints the deployment's $AIRFLOW_HOME",
+    "example_bash_decorator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
 }
 #: Translatable DAGs this Airflow stack cannot load, by name with the reason (not compared).
 AIRFLOW_CANNOT_LOAD = {

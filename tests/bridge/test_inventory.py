@@ -232,17 +232,32 @@ def test_an_async_callable_is_refused() -> None:
     refused(translate(dag), "fetch", "async def", "never awaits")
 
 
-def test_task_bash_is_refused_bash_operator_is_not() -> None:
+def test_task_bash_runs_through_execute_a_mapped_one_is_refused() -> None:
+    """Its operator's execute calls the function and runs the command with bash (the corpus
+    comparison's semantics_dags/bash_decorator.py shows the same states and XComs)."""
     with _dag("task_bash") as dag:
 
         @task.bash
         def run_me() -> str:
             return "echo hello"
 
+        @task.bash
+        def each(n: int) -> str:
+            return f"echo {n}"
+
         run_me() >> BashOperator(task_id="plain", bash_command="echo {{ ds }}")
+        each.expand(n=[1, 2])
     translation = translate(dag)
-    refused(translation, "run_me", "@task.bash", "never run bash")
-    assert {u.task_id for u in translation.untranslatable} == {"run_me"}
+    assert {u.task_id for u in translation.untranslatable} == {"each"}, translation.report()
+    refused(translation, "each", "@task.bash", "never run bash")
+    with _dag("task_bash_alone") as alone:
+
+        @task.bash
+        def only() -> str:
+            return "echo hello"
+
+        only()
+    _runs_through_execute(translate(alone), "only")
 
 
 def test_task_virtualenv_is_refused_rather_than_rebuilt() -> None:
