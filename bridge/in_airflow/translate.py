@@ -227,6 +227,10 @@ def task_spec(
     if fn is None or (names & SKIPPING and not mapped):
         # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
+    if "_BashDecoratedOperator" in names and not mapped:
+        # @task.bash: its execute calls the function (with the context) and runs the returned
+        # command with bash, as Airflow's task runner does
+        return _operator_spec(task, names, mapped, side_effect_free, common)
     if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
         raise NotTranslatable(*elsewhere(type(task).__name__, names))
     args = list((getattr(task, "op_args", None) if not mapped else partial.get("op_args")) or ())
@@ -440,6 +444,7 @@ def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
 def inventory(dags: Iterable[Any]) -> list[Translation]:
     """Translates every DAG (the inventory a migration starts from). Never raises on a DAG: one
     that cannot be inspected is reported untranslatable with the exception."""
+    dags = list(dags)
     found: list[Translation] = []
     for dag in sorted(dags, key=lambda d: str(getattr(d, "dag_id", ""))):
         try:
@@ -448,4 +453,54 @@ def inventory(dags: Iterable[Any]) -> list[Translation]:
             dag_id = str(getattr(dag, "dag_id", "?"))
             bad = uninspectable("(dag)", type(dag).__name__, exc)
             found.append(Translation(dag_id, None, (bad,)))
-    return found
+    return _refuse_asset_conflicts(dags, found)
+
+
+def _tasks(dag: Any) -> list[Any]:
+    """A DAG's tasks, or none when they cannot be read (the DAG is refused for that already)."""
+    try:
+        return list(getattr(dag, "tasks", ()) or ())
+    except Exception:
+        return []
+
+
+def _assets(task: Any) -> list[tuple[str, str]]:
+    """The (uri, name) of every asset a task reads or writes."""
+    out: list[tuple[str, str]] = []
+    for a in [*(getattr(task, "inlets", None) or ()), *(getattr(task, "outlets", None) or ())]:
+        uri, name = getattr(a, "uri", None), getattr(a, "name", None)
+        if isinstance(uri, str) and isinstance(name, str):
+            out.append((uri, name))
+    return out
+
+
+def _refuse_asset_conflicts(dags: list[Any], found: list[Translation]) -> list[Translation]:
+    """Refuses the tasks whose asset another DAG declares with the same URI under another name
+    (or the same name with another URI): Airflow keeps one of them active and fails the tasks of
+    the other (``AirflowInactiveAssetInInletOrOutletException``); the bridge does not know which."""
+    names: dict[str, set[str]] = {}
+    uris: dict[str, set[str]] = {}
+    for dag in dags:
+        for task in _tasks(dag):
+            for uri, name in _assets(task):
+                names.setdefault(uri, set()).add(name)
+                uris.setdefault(name, set()).add(uri)
+    by_id = {str(getattr(d, "dag_id", "")): d for d in dags}
+    out: list[Translation] = []
+    for t in found:
+        dag = by_id.get(t.dag_id)
+        clashes = [
+            Untranslatable(
+                task.task_id,
+                type(task).__name__,
+                f"its asset {uri!r} (name {name!r}) is declared by another DAG under another "
+                "name or URI: Airflow marks one of them inactive and fails the tasks using it",
+                "asset conflict",
+            )
+            for task in (_tasks(dag) if t.ok else ())
+            for uri, name in _assets(task)
+            if len(names[uri]) > 1 or len(uris[name]) > 1
+        ]
+        refused = dataclasses.replace(t, spec=None, untranslatable=tuple(clashes))
+        out.append(refused if clashes else t)
+    return out

@@ -97,6 +97,10 @@ FAST = (
 #: value is not (by task, with the reason).
 VOLATILE = {
     "tutorial.print_date": "prints the wall clock (`date`)",
+    "example_bash_operator.describe_dag_folder": "prints the deployment's $AIRFLOW_HOME",
+    "example_bash_operator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
+    "example_bash_decorator.describe_dag_folder": "prints the deployment's $AIRFLOW_HOME",
+    "example_bash_decorator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
 }
 #: Translatable DAGs this Airflow stack cannot load, by name with the reason (not compared).
 AIRFLOW_CANNOT_LOAD = {
@@ -149,7 +153,9 @@ def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dic
                     "GET",
                     f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
                     "/xcomEntries/return_value",
-                    params={"deserialize": "true", "stringify": "false"},
+                    # the stored value: the API's ``deserialize`` JSON-decodes a stored string
+                    # once more (a task's "1" reads back as 1)
+                    params={"deserialize": "false", "stringify": "false"},
                 )
                 value = entry["value"]
             except AirflowApiError as exc:

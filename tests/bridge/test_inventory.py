@@ -232,17 +232,32 @@ def test_an_async_callable_is_refused() -> None:
     refused(translate(dag), "fetch", "async def", "never awaits")
 
 
-def test_task_bash_is_refused_bash_operator_is_not() -> None:
+def test_task_bash_runs_through_execute_a_mapped_one_is_refused() -> None:
+    """Its operator's execute calls the function and runs the command with bash (the corpus
+    comparison's semantics_dags/bash_decorator.py shows the same states and XComs)."""
     with _dag("task_bash") as dag:
 
         @task.bash
         def run_me() -> str:
             return "echo hello"
 
+        @task.bash
+        def each(n: int) -> str:
+            return f"echo {n}"
+
         run_me() >> BashOperator(task_id="plain", bash_command="echo {{ ds }}")
+        each.expand(n=[1, 2])
     translation = translate(dag)
-    refused(translation, "run_me", "@task.bash", "never run bash")
-    assert {u.task_id for u in translation.untranslatable} == {"run_me"}
+    assert {u.task_id for u in translation.untranslatable} == {"each"}, translation.report()
+    refused(translation, "each", "@task.bash", "never run bash")
+    with _dag("task_bash_alone") as alone:
+
+        @task.bash
+        def only() -> str:
+            return "echo hello"
+
+        only()
+    _runs_through_execute(translate(alone), "only")
 
 
 def test_task_virtualenv_is_refused_rather_than_rebuilt() -> None:
@@ -597,3 +612,23 @@ def test_a_rendered_protected_task_still_routes_alone(monkeypatch: pytest.Monkey
     assert [(t.task_id, t.kind, t.fenced) for t in spec.tasks] == [
         ("charge", TaskKind.PYTHON, True)
     ]
+
+
+def test_an_asset_another_dag_declares_under_another_name_is_refused() -> None:
+    """Airflow keeps one of the two active and fails the tasks using the other (the example
+    DAGs it ships do this: ``example_outlet_event_extra`` against ``example_inlet_event_extra``)."""
+    from airflow.sdk import Asset
+
+    with _dag("writes_named") as named:
+        BashOperator(
+            task_id="write", bash_command="true", outlets=[Asset(uri="s3://x/1", name="n")]
+        )
+    with _dag("writes_by_uri") as by_uri:
+        BashOperator(task_id="write", bash_command="true", outlets=[Asset("s3://x/1")])
+    with _dag("writes_other") as other:
+        BashOperator(task_id="write", bash_command="true", outlets=[Asset("s3://x/2")])
+    found = {t.dag_id: t for t in inventory([named, by_uri, other])}
+    refused(found["writes_named"], "write", "asset conflict", "'s3://x/1'", "inactive")
+    refused(found["writes_by_uri"], "write", "asset conflict", "'s3://x/1'")
+    assert found["writes_other"].ok, found["writes_other"].report()
+    assert translate(named).ok  # alone, nothing conflicts
