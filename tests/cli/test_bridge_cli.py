@@ -94,6 +94,7 @@ def _compared(dsn: str, dag_id: str, business_date: str, *, matched: bool) -> No
                 "shadow_items": Jsonb({}), "shadow_rows": Jsonb({}),
                 "differences": Jsonb([] if matched else [{"what": "output", "task": "charge"}]),
                 "matched": matched, "primary_calls": Jsonb({}), "shadow_calls": Jsonb({}),
+                "primary_tasks": Jsonb({}), "shadow_tasks": Jsonb({}),
             },
         )  # fmt: skip
 

@@ -73,6 +73,8 @@ def _seed_migration(airflow: AirflowHarness) -> None:
                         ),
                         "matched": matched,
                         "primary_calls": Jsonb({}),
+                        "primary_tasks": Jsonb({}),
+                        "shadow_tasks": Jsonb({}),
                         "shadow_calls": Jsonb({}),
                     },
                 )
