@@ -52,6 +52,44 @@ class Comparison:
     differences: tuple[dict[str, Any], ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class ComparisonRow:
+    """One row of ``bridge.comparison``: both engines' sides of a business run and their
+    differences (``matched`` is derived: none). The JSON columns default to empty."""
+
+    dag_id: str
+    business_date: str
+    primary_status: str
+    primary_ms: int | None
+    shadow_status: str
+    shadow_ms: int | None
+    differences: list[dict[str, Any]]
+    primary_engine: str = "airflow"
+    primary_digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    primary_items: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    shadow_digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    shadow_items: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    shadow_rows: dict[str, Any] = dataclasses.field(default_factory=dict)
+    primary_calls: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shadow_calls: dict[str, Any] = dataclasses.field(default_factory=dict)
+    primary_tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shadow_tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def store_comparison(store: LeaseStore, row: ComparisonRow) -> Comparison:
+    """Stores ``row`` (one per DAG and business date: a later comparison replaces it)."""
+    params: dict[str, Any] = {
+        name: Jsonb(value) if isinstance(value, dict | list) else value
+        for name, value in dataclasses.asdict(row).items()
+    }
+    params["matched"] = not row.differences
+    with store.connection() as conn:
+        conn.execute(query("comparison_upsert"), params)
+    return Comparison(
+        pending=False, matched=not row.differences, differences=tuple(row.differences)
+    )
+
+
 def digest(value: Any) -> str:
     """A stable digest of a JSON value (key order does not matter)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
@@ -79,32 +117,30 @@ def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
         return Comparison(pending=True)
     shadow_side = _shadow_side(shadow)
     differences = _differences(primary, shadow_side)
-    rows = {t: o.captured.get("rows", {}) for t, o in shadow.tasks.items() if o.captured}
-    with store.connection() as conn:
-        conn.execute(
-            query("comparison_upsert"),
-            {
-                "dag_id": shadow.dag_id,
-                "business_date": shadow.business_date,
-                "primary_engine": "airflow",
-                "primary_status": primary.status,
-                "primary_ms": primary.ms,
-                "primary_digests": Jsonb(primary.digests),
-                "primary_items": Jsonb(primary.items),
-                "shadow_status": shadow_side.status,
-                "shadow_ms": shadow_side.ms,
-                "shadow_digests": Jsonb(shadow_side.digests),
-                "shadow_items": Jsonb(shadow_side.items),
-                "shadow_rows": Jsonb(rows),
-                "differences": Jsonb(differences),
-                "matched": not differences,
-                "primary_calls": Jsonb(primary.calls),
-                "shadow_calls": Jsonb(shadow_side.calls),
-                "primary_tasks": Jsonb({}),
-                "shadow_tasks": Jsonb({}),
-            },
-        )
-    return Comparison(pending=False, matched=not differences, differences=tuple(differences))
+    return store_comparison(
+        store,
+        ComparisonRow(
+            dag_id=shadow.dag_id,
+            business_date=shadow.business_date,
+            primary_status=primary.status,
+            primary_ms=primary.ms,
+            shadow_status=shadow_side.status,
+            shadow_ms=shadow_side.ms,
+            differences=differences,
+            primary_digests=primary.digests,
+            primary_items=primary.items,
+            shadow_digests=shadow_side.digests,
+            shadow_items=shadow_side.items,
+            shadow_rows=_captured_rows(shadow),
+            primary_calls=primary.calls,
+            shadow_calls=shadow_side.calls,
+        ),
+    )
+
+
+def _captured_rows(shadow: DagRunResult) -> dict[str, Any]:
+    """The rows each task's rolled-back transactions captured, by task."""
+    return {t: o.captured.get("rows", {}) for t, o in shadow.tasks.items() if o.captured}
 
 
 def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Comparison:
@@ -126,36 +162,26 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
             0, {"what": "status", "primary": primary_status, "shadow": shadow.status}
         )
     durations = [t.ms for t in primary.values() if t.ms is not None]
-    rows = {t: o.captured.get("rows", {}) for t, o in shadow.tasks.items() if o.captured}
-    with store.connection() as conn:
-        conn.execute(
-            query("comparison_upsert"),
-            {
-                "dag_id": shadow.dag_id,
-                "business_date": shadow.business_date,
-                "primary_engine": "airflow",
-                "primary_status": primary_status,
-                "primary_ms": sum(durations) if durations else None,
-                "primary_digests": Jsonb(
-                    {t: digest(s.xcoms) for t, s in primary.items() if s.state == "success"}
-                ),
-                "primary_items": Jsonb({}),
-                "shadow_status": shadow.status,
-                "shadow_ms": shadow.duration_ms,
-                "shadow_digests": Jsonb(
-                    {t: digest(s.xcoms) for t, s in theirs.items() if s.state == "success"}
-                ),
-                "shadow_items": Jsonb({}),
-                "shadow_rows": Jsonb(rows),
-                "differences": Jsonb(differences),
-                "matched": not differences,
-                "primary_calls": Jsonb({}),
-                "shadow_calls": Jsonb(_shadow_side(shadow).calls),
-                "primary_tasks": Jsonb({t: s.as_row() for t, s in primary.items()}),
-                "shadow_tasks": Jsonb({t: s.as_row() for t, s in theirs.items()}),
+    return store_comparison(
+        store,
+        ComparisonRow(
+            dag_id=shadow.dag_id,
+            business_date=shadow.business_date,
+            primary_status=primary_status,
+            primary_ms=sum(durations) if durations else None,
+            shadow_status=shadow.status,
+            shadow_ms=shadow.duration_ms,
+            differences=differences,
+            primary_digests={
+                t: digest(s.xcoms) for t, s in primary.items() if s.state == "success"
             },
-        )
-    return Comparison(pending=False, matched=not differences, differences=tuple(differences))
+            shadow_digests={t: digest(s.xcoms) for t, s in theirs.items() if s.state == "success"},
+            shadow_rows=_captured_rows(shadow),
+            shadow_calls=_shadow_side(shadow).calls,
+            primary_tasks={t: s.as_row() for t, s in primary.items()},
+            shadow_tasks={t: s.as_row() for t, s in theirs.items()},
+        ),
+    )
 
 
 def record_primary(store: LeaseStore, result: DagRunResult) -> None:

@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
@@ -197,6 +197,12 @@ class Run:
     status: str = ""
     shadow_id: str = ""  # its Temporal shadow's workflow id (none: no shadow)
     shadow_done: bool = False
+
+    def ended(self, status: str) -> None:
+        self.status, self.done = status, True
+
+    def shadow_ended(self, _status: str) -> None:
+        self.shadow_done = True
 
 
 @dataclass
@@ -343,7 +349,7 @@ class BridgeCampaign:
         run = Run(dag_id, spec, key=str(lease_key(dag_id, "charge", BD)))
         self.runs.append(run)
         await self.hand_over(client, run)
-        self._watch(client, run)
+        self._watch(client, run.workflow_id, run.ended)
         if self.shadows and not self.plain:  # a plain charge is refused for shadow (no fence)
             await self.shadow(client, run)
 
@@ -353,23 +359,18 @@ class BridgeCampaign:
         handover = Handover(client, self.config.task_queue("default"))
         got = await handover.start_or_attach(run.spec, BD, mode=RunMode.SHADOW, compare_poll_s=1.0)
         run.shadow_id = got.workflow_id
-        self._watch(client, run, shadow=True)
+        self._watch(client, run.shadow_id, run.shadow_ended)
 
-    def _watch(self, client: Client, run: Run, *, shadow: bool = False) -> None:
+    def _watch(self, client: Client, wid: str, ended: Callable[[str], None]) -> None:
+        """Waits for workflow ``wid`` in the background; ``ended`` gets its status (the
+        checker reads the final state from Temporal itself)."""
+
         async def wait() -> None:
             try:
-                result = await run_handle(
-                    client, run.shadow_id if shadow else run.workflow_id
-                ).result()
-                if not shadow:
-                    run.status = result.status
-            except Exception as exc:  # the checker reads the final state from Temporal
-                if not shadow:
-                    run.status = f"error: {type(exc).__name__}"
-            if shadow:
-                run.shadow_done = True
-            else:
-                run.done = True
+                status = (await run_handle(client, wid).result()).status
+            except Exception as exc:
+                status = f"error: {type(exc).__name__}"
+            ended(status)
 
         task = asyncio.create_task(wait())
         self.tasks.add(task)

@@ -9,12 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
-from psycopg.types.json import Jsonb
-
 from airflow_plugins.lease import LEASE_STORE, LeaseStore, migrate
+from bridge.comparison import ComparisonRow, store_comparison
 from bridge.cutover import ModeStore, migrate_bridge
-from bridge.sql import query
 
 
 def bridge(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -82,20 +79,17 @@ def test_help_shows_examples_and_exit_codes() -> None:
 
 def _compared(dsn: str, dag_id: str, business_date: str, *, matched: bool) -> None:
     """One compared shadow run of ``dag_id``, as the comparison activity stores it."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            query("comparison_upsert"),
-            {
-                "dag_id": dag_id, "business_date": business_date, "primary_engine": "airflow",
-                "primary_status": "success", "primary_ms": 900,
-                "primary_digests": Jsonb({"charge": "a1"}), "primary_items": Jsonb({}),
-                "shadow_status": "success", "shadow_ms": 700,
-                "shadow_digests": Jsonb({"charge": "a1" if matched else "b2"}),
-                "shadow_items": Jsonb({}), "shadow_rows": Jsonb({}),
-                "differences": Jsonb([] if matched else [{"what": "output", "task": "charge"}]),
-                "matched": matched, "primary_calls": Jsonb({}), "shadow_calls": Jsonb({}),
-                "primary_tasks": Jsonb({}), "shadow_tasks": Jsonb({}),
-            },
+    with LeaseStore(dsn) as store:
+        store_comparison(
+            store,
+            ComparisonRow(
+                dag_id=dag_id, business_date=business_date,
+                primary_status="success", primary_ms=900,
+                shadow_status="success", shadow_ms=700,
+                differences=[] if matched else [{"what": "output", "task": "charge"}],
+                primary_digests={"charge": "a1"},
+                shadow_digests={"charge": "a1" if matched else "b2"},
+            ),
         )  # fmt: skip
 
 

@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from tests.harness.airflow_harness import AirflowHarness
 from tests.watcher.minutely import MinutelyDag, wait_for_runs
@@ -42,42 +41,32 @@ DEMO_DAG = "views_shadow_demo"
 
 def _seed_migration(airflow: AirflowHarness) -> None:
     """A DAG in shadow mode with compared runs (one diverging), through the bridge's store."""
+    from bridge.comparison import ComparisonRow, store_comparison
     from bridge.cutover import ModeStore, migrate_bridge
-    from bridge.sql import query
 
     migrate_bridge(airflow.lease_dsn)
     with airflow.lease_store() as store:
         modes = ModeStore(store)
         if modes.get(DEMO_DAG).value == "airflow":
             modes.set(DEMO_DAG, "shadow", actor="views-test", reason="start the dual run")
-        with store.connection() as conn:
-            for day in range(6):
-                matched = day != 2
-                conn.execute(
-                    query("comparison_upsert"),
-                    {
-                        "dag_id": DEMO_DAG,
-                        "business_date": (date(2024, 2, 10) + timedelta(days=day)).isoformat(),
-                        "primary_engine": "airflow",
-                        "primary_status": "succeeded",
-                        "primary_ms": 4000 + 300 * day,
-                        "primary_digests": Jsonb({"charge": "a1"}),
-                        "primary_items": Jsonb({"charge": ["c1", "c2"]}),
-                        "shadow_status": "succeeded",
-                        "shadow_ms": 3600 + 250 * day,
-                        "shadow_digests": Jsonb({"charge": "a1" if matched else "b2"}),
-                        "shadow_items": Jsonb({"charge": ["c1", "c2"]}),
-                        "shadow_rows": Jsonb({}),
-                        "differences": Jsonb(
-                            [] if matched else [{"task": "charge", "what": "result digest"}]
-                        ),
-                        "matched": matched,
-                        "primary_calls": Jsonb({}),
-                        "primary_tasks": Jsonb({}),
-                        "shadow_tasks": Jsonb({}),
-                        "shadow_calls": Jsonb({}),
-                    },
-                )
+        for day in range(6):
+            matched = day != 2
+            store_comparison(
+                store,
+                ComparisonRow(
+                    dag_id=DEMO_DAG,
+                    business_date=(date(2024, 2, 10) + timedelta(days=day)).isoformat(),
+                    primary_status="succeeded",
+                    primary_ms=4000 + 300 * day,
+                    shadow_status="succeeded",
+                    shadow_ms=3600 + 250 * day,
+                    differences=[] if matched else [{"task": "charge", "what": "result digest"}],
+                    primary_digests={"charge": "a1"},
+                    primary_items={"charge": ["c1", "c2"]},
+                    shadow_digests={"charge": "a1" if matched else "b2"},
+                    shadow_items={"charge": ["c1", "c2"]},
+                ),
+            )
 
 
 @pytest.fixture(scope="module")
