@@ -20,6 +20,8 @@ REDIS_HOST = "127.0.0.1"
 REDIS_PORT = 6379
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 WORKERS = ("worker-a", "worker-b")
+#: ``[celery] celery_config_options`` of every component (see ``protection.celery_config``).
+CELERY_CONFIG_OPTIONS = "airflow_plugins.protection.celery_config.CELERY_CONFIG"
 # the key that marks a Redis database number as one stack's broker
 CLAIM_KEY = "exactly-once:stack"
 # database 0 is left to whoever else uses this Redis
@@ -43,6 +45,9 @@ class CeleryConfig:
         rabbitmq_url: the RabbitMQ broker's URL (default: the machine's, its ``/`` vhost).
         visibility_timeout: seconds Redis waits for an unacknowledged message before handing
             it out again (None: Airflow's default, a day).
+        redelivery_guard: run every component with the plugin's Celery settings
+            (``airflow_plugins.protection.celery_config``), so that a message re-delivered
+            while its try runs does not fail that try; False keeps Airflow's defaults.
         extra_env: more settings for every component.
     """
 
@@ -50,6 +55,7 @@ class CeleryConfig:
     broker: str = "redis"
     concurrency: int = 4
     visibility_timeout: int | None = None
+    redelivery_guard: bool = True
     extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
     redis_port: int = REDIS_PORT
     rabbitmq_url: str = RABBITMQ_URL
@@ -140,6 +146,8 @@ class CeleryConfig:
             "AIRFLOW__CELERY__TASK_ACKS_LATE": "True",
             "AIRFLOW__CELERY__WORKER_ENABLE_REMOTE_CONTROL": "True",
         }
+        if self.redelivery_guard:
+            env["AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS"] = CELERY_CONFIG_OPTIONS
         if self.visibility_timeout is not None:
             env["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"] = str(
                 self.visibility_timeout

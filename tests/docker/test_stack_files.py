@@ -149,6 +149,10 @@ def test_celery_workers_on_redis_with_the_result_backend_on_postgres(
     # the lease TTL is far below the visibility timeout: takeovers decide, not re-deliveries
     visibility = int(env["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"])
     assert int(env["AIRFLOW__EXACTLY_ONCE__TTL"]) * 10 < visibility
+    # a task outliving it anyway: its re-delivered copy is ignored, not failing the running try
+    options = env["AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS"]
+    module, _, name = options.rpartition(".")
+    assert isinstance(getattr(importlib.import_module(module), name), dict), options
     redis = services["redis"]
     assert redis["environment"]["CHECK_SECRETS"] == "REDIS_PASSWORD"
     assert "appendonly yes" in " ".join(_command(redis)), "the broker must keep its queue"

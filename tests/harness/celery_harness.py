@@ -200,7 +200,9 @@ def _group_alive(pgid: int) -> bool:
 class CeleryHarness(AirflowHarness):
     """An ``AirflowHarness`` on CeleryExecutor, with helpers for the workers and the broker."""
 
-    def __init__(self, admin_dsn: str, broker: str = "redis") -> None:
+    def __init__(
+        self, admin_dsn: str, broker: str = "redis", *, redelivery_guard: bool = True
+    ) -> None:
         base = free_port_block(first=29000, last=29999, size=2)
         self.broker: RedisServer | RabbitMqServer
         if broker == "rabbitmq":
@@ -210,6 +212,7 @@ class CeleryHarness(AirflowHarness):
             self.broker = RedisServer(base)
             self.celery = CeleryConfig(redis_port=base, visibility_timeout=VISIBILITY_TIMEOUT)
         self.celery.concurrency = 6
+        self.celery.redelivery_guard = redelivery_guard
         super().__init__(admin_dsn, extra_env=CELERY_ENV, celery=self.celery)
 
     def start(self) -> CeleryHarness:
@@ -227,6 +230,12 @@ class CeleryHarness(AirflowHarness):
             shutil.rmtree(self.broker.dir, ignore_errors=True)
 
     # -- workers -------------------------------------------------------------------------------
+
+    def worker_logs(self) -> str:
+        """What every Celery worker logged, worker after worker."""
+        return "".join(
+            (self.stack.home / f"{w}.log").read_text(errors="replace") for w in self.stack.workers
+        )
 
     def worker_pids(self) -> dict[str, int]:
         """Worker name -> pid of the main process of each worker that is alive."""
@@ -299,8 +308,10 @@ class CeleryHarness(AirflowHarness):
                 self.restart_worker(name)
 
 
-def _module_stack(request: pytest.FixtureRequest, broker: str) -> Iterator[CeleryHarness]:
-    harness = CeleryHarness(ADMIN_DSN, broker)
+def _module_stack(
+    request: pytest.FixtureRequest, broker: str, *, redelivery_guard: bool = True
+) -> Iterator[CeleryHarness]:
+    harness = CeleryHarness(ADMIN_DSN, broker, redelivery_guard=redelivery_guard)
     try:
         harness.start()
     except BaseException:
@@ -325,6 +336,13 @@ def celery_airflow(request: pytest.FixtureRequest) -> Iterator[CeleryHarness]:
 def rabbitmq_celery_airflow(request: pytest.FixtureRequest) -> Iterator[CeleryHarness]:
     """One Airflow stack on CeleryExecutor with RabbitMQ for the test module."""
     yield from _module_stack(request, "rabbitmq")
+
+
+@pytest.fixture(scope="module")
+def unguarded_celery_airflow(request: pytest.FixtureRequest) -> Iterator[CeleryHarness]:
+    """The Redis stack with Airflow's own Celery settings, without the plugin's
+    ``celery_config`` (a re-delivered copy of a running try fails that try)."""
+    yield from _module_stack(request, "redis", redelivery_guard=False)
 
 
 def each_test(harness: CeleryHarness) -> Iterator[CeleryHarness]:
