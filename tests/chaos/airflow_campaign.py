@@ -80,6 +80,7 @@ from tests.chaos.airflow_checker import bad
 from tests.chaos.lease_campaign import ADMIN_DSN
 from tests.chaos.proxy import Proxy
 from tests.harness.airflow_harness import AirflowHarness
+from tests.harness.celery_harness import CeleryHarness
 from tests.harness.fixtures import keep_logs
 from tests.lease.ports import free_port
 
@@ -98,12 +99,15 @@ AIRFLOW_KINDS = (
 )
 ROUTE_KINDS = ("store_reset", "store_blackhole", "sink_reset", "sink_cut")
 KINDS = TASK_KINDS + AIRFLOW_KINDS + ROUTE_KINDS
+# with --executor celery: the Celery worker running a charge (its whole process tree)
+WORKER_KINDS = ("worker_sigkill", "worker_sigstop_past_lease")
 # with --private-pg: the lease store's (and billing's) own server, capped per run
 SERVER_KINDS = ("store_restart", "store_crash")
 TTL = 10.0  # the harness's lease (FAST_LEASES); Airflow's task heartbeat timeout is 20 s
 SCHEDULER_BACK = 25.0  # seconds until a killed scheduler is started again
 SCHEDULER_EVERY = 12  # at most one scheduler kill per this many faults
 TRIGGERER_BACK = 10.0  # seconds until a killed triggerer is started again
+WORKER_BACK = 15.0  # seconds until a killed Celery worker is started again
 LIVE_LEASES = """
 SELECT key, (holder->>'pid')::int FROM runlease.lease
 WHERE state = 'running' AND expires_at > now()
@@ -171,13 +175,16 @@ class AirflowCampaign:
     clears: list[tuple[float, Run]] = field(default_factory=list)  # mark-failed, then clear
     scheduler_down: dict[str, float] = field(default_factory=dict)  # name -> when back
     triggerer_back: float = 0.0  # when a killed triggerer is started again (0: it is up)
+    worker_down: dict[str, float] = field(default_factory=dict)  # Celery worker -> when back
     last_scheduler_kill: int = -SCHEDULER_EVERY
     clear_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(KINDS)
+        self.celery = self.airflow if isinstance(self.airflow, CeleryHarness) else None
+        known = KINDS + WORKER_KINDS if self.celery is not None else KINDS
+        unknown = set(self.kinds) - set(known)
         if unknown or not self.kinds:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}: {KINDS}")
+            raise ValueError(f"unknown fault kinds {sorted(unknown)} on this executor: {known}")
         self.rng = random.Random(self.seed)
         self.dag_id = PLAIN_DAG_ID if self.plain else DAG_ID
         self.api = self.airflow.client()
@@ -241,6 +248,9 @@ class AirflowCampaign:
             self.airflow.stack.stop_component("triggerer", timeout=5.0)
             self.airflow.stack.start_triggerer()
             self.triggerer_back = 0.0
+        for name, due in list(self.worker_down.items()):
+            if now >= due:
+                self.worker_back(name)
         for due, run in list(self.clears):
             if now >= due:
                 self.clears.remove((due, run))
@@ -285,6 +295,16 @@ class AirflowCampaign:
             )
         return found
 
+    def worker_back(self, name: str) -> None:
+        """Celery worker ``name`` again: a stopped one resumed, a killed one started again."""
+        del self.worker_down[name]
+        comp = self.airflow.stack.components.get(name)
+        if comp is not None and comp.alive():
+            self.airflow.stack._allowed_dead.discard(name)  # it was stopped, not killed
+            return
+        self.airflow.stack.stop_component(name, timeout=5.0)  # what is left of its tree
+        self.airflow.stack.start_worker(name)
+
     def run_of(self, run_id: str) -> Run:
         return next(r for r in self.runs if r.run_id == run_id)
 
@@ -298,6 +318,8 @@ class AirflowCampaign:
             kind = "task_sigkill"  # capped: the standby must be up, kills spread over the run
         if kind == "triggerer_sigkill" and self.triggerer_back:
             kind = "task_sigkill"  # one triggerer: it is down until it is started again
+        if kind in WORKER_KINDS and self.worker_down:
+            kind = "task_sigkill"  # one worker away at a time: the other takes the retries
         if self.plain and kind.startswith("store_"):
             kind = "sink_reset" if kind == "store_reset" else "sink_cut"  # no store to hit
         return kind
@@ -355,6 +377,8 @@ class AirflowCampaign:
             return self.duplicate_trigger(entry, leases, charges, pick, spread)
         if kind == "triggerer_sigkill":
             return self.triggerer_fault(entry, leases)
+        if kind == "scheduler_sigkill" and self.celery is not None:
+            return self.celery_scheduler_fault(entry, leases, charges, spread)
         if kind == "scheduler_sigkill":
             pool = [c for c in pool if c.scheduler is not None]
         if not pool:
@@ -363,27 +387,42 @@ class AirflowCampaign:
         entry.update(key=target.business_date, run=target.run_id)
         if kind in TASK_KINDS:
             self.task_fault(kind, target, entry, spread)
-        elif kind == "scheduler_sigkill":
+        elif kind in WORKER_KINDS:
+            if not self.worker_fault(kind, target, entry, spread):
+                return False
+        else:
+            self.airflow_fault(kind, target, entry, leases, spread)
+        self.log.append(entry)
+        return True
+
+    def airflow_fault(
+        self,
+        kind: str,
+        target: RunningCharge,
+        entry: dict[str, Any],
+        leases: dict[str, int],
+        spread: float,
+    ) -> None:
+        """The scheduler running ``target`` SIGKILLed, or its task cleared or marked failed
+        through the REST API; landed when ``target`` held its key's lease."""
+        entry["landed"] = self.plain or leases.get(target.business_date) == target.task
+        if kind == "scheduler_sigkill":
             assert target.scheduler is not None
-            entry["landed"] = self.plain or leases.get(target.business_date) == target.task
             entry["scheduler"] = target.scheduler
             self.airflow.kill_scheduler(target.scheduler, signal.SIGKILL)
             self.scheduler_down[target.scheduler] = time.monotonic() + SCHEDULER_BACK
             self.last_scheduler_kill = len(self.log)
-        else:
-            entry["landed"] = self.plain or leases.get(target.business_date) == target.task
-            try:
-                if kind == "clear":
-                    _rest(self.api.clear_task, self.dag_id, target.run_id, TASK)
-                else:
-                    _rest(self.api.set_task_state, self.dag_id, target.run_id, TASK, "failed")
-                    # the operator re-runs it a few seconds later
-                    later = time.monotonic() + 2 + 4 * spread
-                    self.clears.append((later, self.run_of(target.run_id)))
-            except AirflowApiError as exc:  # it ended meanwhile: the fault did not hit
-                entry.update(landed=False, error=str(exc)[:200])
-        self.log.append(entry)
-        return True
+            return
+        try:
+            if kind == "clear":
+                _rest(self.api.clear_task, self.dag_id, target.run_id, TASK)
+            else:
+                _rest(self.api.set_task_state, self.dag_id, target.run_id, TASK, "failed")
+                # the operator re-runs it a few seconds later
+                later = time.monotonic() + 2 + 4 * spread
+                self.clears.append((later, self.run_of(target.run_id)))
+        except AirflowApiError as exc:  # it ended meanwhile: the fault did not hit
+            entry.update(landed=False, error=str(exc)[:200])
 
     def task_fault(
         self, kind: str, target: RunningCharge, entry: dict[str, Any], spread: float
@@ -407,6 +446,55 @@ class AirflowCampaign:
             entry["pause_s"] = round(pause, 2)
             for pid in (target.task, target.supervisor):
                 self.stopped[pid] = time.monotonic() + pause
+
+    def worker_fault(
+        self, kind: str, target: RunningCharge, entry: dict[str, Any], spread: float
+    ) -> bool:
+        """SIGKILLs (started again ``WORKER_BACK`` s later) or stops past the lease the Celery
+        worker running ``target``, with every process of its tree (a worker machine lost, or
+        paused); landed when the target held its key's lease, read while it was stopped."""
+        assert self.celery is not None
+        name = self.celery.worker_running(target.supervisor)
+        if name is None:
+            return False
+        pids = self.celery.signal_worker(name, signal.SIGSTOP)
+        entry["worker"] = name
+        if self.plain:
+            entry["landed"] = psutil.pid_exists(target.task)
+        else:
+            entry["landed"] = self.live_leases().get(target.business_date) == target.task
+        if kind == "worker_sigkill":
+            for pid in pids:
+                _signal(pid, signal.SIGKILL)
+            self.worker_down[name] = time.monotonic() + WORKER_BACK
+        else:
+            pause = TTL * (1.5 + spread)
+            entry["pause_s"] = round(pause, 2)
+            for pid in pids:
+                self.stopped[pid] = time.monotonic() + pause
+            self.worker_down[name] = time.monotonic() + pause
+        return True
+
+    def celery_scheduler_fault(
+        self,
+        entry: dict[str, Any],
+        leases: dict[str, int],
+        charges: list[RunningCharge],
+        spread: float,
+    ) -> bool:
+        """On Celery a try is no child of a scheduler: SIGKILLs one of the two (the other
+        standing by); landed when a lease was live (plain: a charge was running)."""
+        alive = sorted(self.airflow.scheduler_pids())
+        if len(alive) < 2:
+            return False
+        name = alive[int(spread * len(alive))]
+        entry.update(scheduler=name, landed=bool(charges) if self.plain else bool(leases))
+        entry["key"] = next(iter(leases), charges[0].business_date if charges else "")
+        self.airflow.kill_scheduler(name, signal.SIGKILL)
+        self.scheduler_down[name] = time.monotonic() + SCHEDULER_BACK
+        self.last_scheduler_kill = len(self.log)
+        self.log.append(entry)
+        return True
 
     def route_fault(
         self, kind: str, entry: dict[str, Any], leases: dict[str, int], spread: float
@@ -503,6 +591,8 @@ class AirflowCampaign:
                 self.scheduler_down[name] = 0.0
             if self.triggerer_back:
                 self.triggerer_back = time.monotonic()
+            for name in list(self.worker_down):
+                self.worker_down[name] = 0.0
             self.tend()
             self.refresh()
             if not self.clears and all(r.state in TERMINAL for r in self.runs):
@@ -571,15 +661,25 @@ class ChaosStack:
 
 
 @contextlib.contextmanager
-def chaos_stack(admin_dsn: str = ADMIN_DSN, *, private_pg: bool = False) -> Iterator[ChaosStack]:
+def chaos_stack(
+    admin_dsn: str = ADMIN_DSN, *, private_pg: bool = False, executor: str = "local"
+) -> Iterator[ChaosStack]:
     """A running Airflow stack of the campaign's own, its tasks' Connections to the lease store
     and the billing database by way of a proxy the campaign controls; stopped afterwards.
 
     With ``private_pg`` the lease store and the billing database live on a Postgres server of
     their own (Airflow's metadata stays on ``admin_dsn``'s), so the campaign can restart and
-    crash it under the tasks.
+    crash it under the tasks. ``executor="celery"``: CeleryExecutor with two Celery workers on
+    a Redis of the stack's own (``CeleryHarness``), and the worker fault kinds.
     """
-    airflow = AirflowHarness(admin_dsn, dag_folders={"chaos": DAGS})
+    folders = {"chaos": DAGS}
+    airflow: AirflowHarness
+    if executor == "celery":
+        airflow = CeleryHarness(admin_dsn, dag_folders=folders)
+    elif executor == "local":
+        airflow = AirflowHarness(admin_dsn, dag_folders=folders)
+    else:
+        raise ValueError(f"executor is local or celery, not {executor!r}")
     deployment = airflow.deployment
     shared = deployment.lease_dsn, deployment.sink_dsn
     server: EmbeddedPostgres | None = None
@@ -725,10 +825,22 @@ def main(argv: list[str]) -> int:
         default=0,
         help="the lease store on a server of its own, restarted or crashed this many times",
     )
-    parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
+    parser.add_argument(
+        "--executor",
+        choices=("local", "celery"),
+        default="local",
+        help="celery: two Celery workers on Redis, and the worker fault kinds",
+    )
+    parser.add_argument(
+        "--kinds",
+        help=f"fault kinds, comma-separated (default: the executor's; {KINDS + WORKER_KINDS})",
+    )
     args = parser.parse_args(argv)
+    kinds = KINDS + WORKER_KINDS if args.executor == "celery" else KINDS
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
     started = time.monotonic()
-    with chaos_stack(args.dsn, private_pg=args.private_pg > 0) as stack:
+    with chaos_stack(args.dsn, private_pg=args.private_pg > 0, executor=args.executor) as stack:
         up = round(time.monotonic() - started, 1)
         verdict = campaign(
             stack,
@@ -738,7 +850,7 @@ def main(argv: list[str]) -> int:
             server_faults=args.private_pg,
             in_flight=args.in_flight,
             customers=args.customers,
-            kinds=tuple(args.kinds.split(",")),
+            kinds=kinds,
         )
     verdict.update(stack_start_s=up, total_s=round(time.monotonic() - started, 1))
     print(json.dumps(verdict))

@@ -29,7 +29,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -201,7 +201,12 @@ class CeleryHarness(AirflowHarness):
     """An ``AirflowHarness`` on CeleryExecutor, with helpers for the workers and the broker."""
 
     def __init__(
-        self, admin_dsn: str, broker: str = "redis", *, redelivery_guard: bool = True
+        self,
+        admin_dsn: str,
+        broker: str = "redis",
+        *,
+        redelivery_guard: bool = True,
+        dag_folders: Mapping[str, Path] | None = None,
     ) -> None:
         base = free_port_block(first=29000, last=29999, size=2)
         self.broker: RedisServer | RabbitMqServer
@@ -213,7 +218,9 @@ class CeleryHarness(AirflowHarness):
             self.celery = CeleryConfig(redis_port=base, visibility_timeout=VISIBILITY_TIMEOUT)
         self.celery.concurrency = 6
         self.celery.redelivery_guard = redelivery_guard
-        super().__init__(admin_dsn, extra_env=CELERY_ENV, celery=self.celery)
+        super().__init__(
+            admin_dsn, extra_env=CELERY_ENV, celery=self.celery, dag_folders=dag_folders
+        )
 
     def start(self) -> CeleryHarness:
         """Starts the broker, then the stack."""
@@ -247,9 +254,13 @@ class CeleryHarness(AirflowHarness):
 
     def worker_of(self, procs: TaskProcesses) -> str | None:
         """The worker whose process tree runs the try ``procs``."""
+        return self.worker_running(procs.supervisor)
+
+    def worker_running(self, supervisor: int) -> str | None:
+        """The worker whose process tree holds the try supervisor ``supervisor``."""
         mains = {pid: name for name, pid in self.worker_pids().items()}
         try:
-            ancestors = psutil.Process(procs.supervisor).parents()
+            ancestors = psutil.Process(supervisor).parents()
         except psutil.NoSuchProcess:
             return None
         return next((mains[p.pid] for p in ancestors if p.pid in mains), None)
