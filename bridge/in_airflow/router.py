@@ -82,6 +82,7 @@ class TemporalHandover:
                 part=run.task_id,
                 map_key=run.key.map_key,
                 source=f"airflow:{run.run_id}:try{run.try_number}",
+                partition=handoff.run_partition(context),
             )
         except TemporalUnavailable as exc:
             raise _retry(f"bridge: {exc}; nothing was started, the next try hands over") from exc
@@ -139,6 +140,7 @@ class ShadowHandover:
                 map_key=run.key.map_key,
                 source=f"airflow:{run.run_id}",
                 wait=False,
+                partition=handoff.run_partition(context),
             )
         except Exception as exc:  # the shadow must never disturb the primary
             log.warning("bridge: no shadow for %s: %s", run.key, exc)

@@ -70,6 +70,7 @@ def _start(ti: Any) -> bool:
         mode=RunMode.SHADOW,
         source=f"{SOURCE_PREFIX}{context['run_id']}",
         wait=False,
+        partition=handoff.run_partition(context),
     )
     log.info("bridge: whole-DAG shadow of %s %s started", dag.dag_id, business_date)
     return True
