@@ -15,13 +15,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_plugins.lease import InvalidLeaseInput
-from airflow_plugins.lease.keys import escape_map_key
+from airflow_plugins.lease.keys import PARTITION_SEPARATOR, partitioned_date
 
 if TYPE_CHECKING:
     from bridge.spec import DagSpec
 
 #: Between a business date and its partition key in a key's date part (no business date has it).
-SEPARATOR = "@"
+SEPARATOR = PARTITION_SEPARATOR
 #: Airflow's ``ID_LEN``: the longest partition key its trigger accepts.
 MAX_KEY_CHARS = 250
 
@@ -71,9 +71,7 @@ def keyed_date(business_date: str, partition_key: str | None) -> str:
     >>> keyed_date("2024-02-15", "us"), keyed_date("2024-02-15", None)
     ('2024-02-15@us', '2024-02-15')
     """
-    if partition_key is None:
-        return business_date
-    return f"{business_date}{SEPARATOR}{escape_map_key(partition_key)}"
+    return partitioned_date(business_date, partition_key)  # the Airflow side keys alike
 
 
 def resolve(dag: Any, partition_key: str | None) -> datetime | None:

@@ -128,7 +128,7 @@ class BridgeOperator(BaseOperator):
         part = None if self.task_ids is None else self.task_id
         try:
             spec = self._spec(context)
-            business_date = target_from_context(context, period=self.period).key.business_date
+            business_date = target_from_context(context, period=self.period).business_date
             partition = handoff.run_partition(context)  # a bad key fails here, before a start
             mode = fixed_mode(spec.dag_id, business_date)
             if mode is CutoverMode.SHADOW:

@@ -55,7 +55,7 @@ def _start(ti: Any) -> bool:
     from airflow_plugins.protection.task_identity import target_from_context
 
     context = ti.get_template_context()
-    business_date = target_from_context(context).key.business_date
+    business_date = target_from_context(context).business_date
     modes = mode_store(config.lease_store(), config.lease_dsn())
     if modes.get(dag.dag_id) is CutoverMode.AIRFLOW:
         return False  # the common case: nothing written (a run fixed to shadow is not primary)

@@ -117,3 +117,31 @@ def test_the_partition_examples_translate(dags: dict[str, object]) -> None:
     for dag_id in ("ingest_region_stats", "aggregate_regional_sales", "daily_inference"):
         translation = translate(dags[dag_id])  # type: ignore[arg-type]
         assert translation.ok, translation.report()
+
+
+def test_airflow_keys_a_protected_task_of_a_partition_as_the_bridge_does(
+    dags: dict[str, object],
+) -> None:
+    from datetime import UTC, datetime
+
+    from airflow_plugins.protection.task_identity import target_from_context
+    from bridge.in_airflow.handoff import run_partition
+    from tests.airflow.conftest import task_context
+
+    dag = dags["daily_inference"]
+    task = dag.get_task("run_inference")  # type: ignore[attr-defined]
+    context = task_context(task, logical_date=datetime(2024, 1, 3, 2, tzinfo=UTC))
+    plain = target_from_context(context)
+    assert str(plain.key) == "daily_inference/run_inference/2024-01-03"  # as before
+    context["dag_run"].partition_key = "2024-01-03"
+    target = target_from_context(context)
+    assert str(target.key) == task_lease_key(
+        "daily_inference", "run_inference", "2024-01-03", None, RunMode.PRIMARY, "2024-01-03"
+    )
+    assert target.business_date == "2024-01-03"  # the fence's business date: no partition
+    assert str(target.first_day) == "2024-01-03"
+    # what the handover passes on: the key and the date Airflow resolves from it
+    assert run_partition(context) == ("2024-01-03", "2024-01-03T00:00:00+00:00")
+    context["dag_run"].partition_key = "Wednesday"
+    with pytest.raises(InvalidPartition, match="'Wednesday' is refused"):
+        run_partition(context)
