@@ -115,7 +115,13 @@ def request(
     kind, message = answer.get("error_type"), str(answer.get("error"))
     if kind == "TemporalUnavailable":
         raise TemporalUnavailable(message)
-    if kind in ("HandoverRefused", "PayloadTooLarge", "InvalidLeaseInput", "UntranslatableDag"):
+    if kind in (
+        "HandoverRefused",
+        "PayloadTooLarge",
+        "InvalidLeaseInput",
+        "InvalidPartition",
+        "UntranslatableDag",
+    ):
         raise InvalidLeaseInput(message)
     raise HandoverFailed(f"{kind}: {message}")
 

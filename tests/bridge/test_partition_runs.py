@@ -76,3 +76,41 @@ def test_a_partition_key_for_a_dag_that_is_not_partitioned_starts_nothing(
             return len([w async for w in client.list_workflows(query)])
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_the_airflow_side_handover_carries_the_partition_through_the_cli_child(
+    config: BridgeConfig, lease_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_plugins.lease import InvalidLeaseInput
+    from bridge.in_airflow import handoff
+    from tests.bridge.conftest import REPO
+
+    catalog = TaskCatalog(str(SEMANTICS))
+    catalog.load()
+    spec = translate(dag_bag(SEMANTICS)["partition_regions"]).spec
+    assert spec is not None
+    for name, value in {
+        "BRIDGE_TEMPORAL_ADDR": config.temporal_address,
+        "BRIDGE_QUEUE_PREFIX": config.task_queue_prefix,
+        "BRIDGE_LANES": "default:8",
+        "BRIDGE_LEASE_DSN": config.lease_dsn or "",
+        "PYTHONPATH": str(REPO),
+    }.items():
+        monkeypatch.setenv(name, value)
+    day = "2026-06-15"
+
+    async def scenario() -> object:
+        async with running_worker(config, lease_store, catalog) as client:
+            # the child process the Airflow operator and router start (bridge.cli handover)
+            reply = await asyncio.to_thread(handoff.request, spec, day, partition=("apac", None))
+            assert reply is not None
+            assert reply.workflow_id == f"dagrun:{spec.dag_id}/dagrun/{day}@apac"
+            return await run_handle(client, reply.workflow_id).result()
+
+    result = asyncio.run(scenario())
+    assert result.tasks["region"].result == "apac None"  # type: ignore[attr-defined]
+    # a partition for a DAG that has none: refused by the child, nothing started
+    plain = DagSpec("plain_dag", (TaskSpec("t", callable_ref="builtins:len", args=([],)),))
+    with pytest.raises(InvalidLeaseInput, match="is not a partitioned DAG"):
+        handoff.request(plain, day, partition=("us", None))
+    assert lease_store.list_leases(prefix="plain_dag") == []
