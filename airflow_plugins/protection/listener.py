@@ -35,6 +35,7 @@ from airflow_plugins.protection import config
 from airflow_plugins.protection.task_identity import (
     dag_period,
     dag_timezone,
+    run_moment,
     target_from_context,
     try_holder,
 )
@@ -185,7 +186,7 @@ def record_dag_run(dag_run: Any, event: str) -> None:
         return
     business_date = resolve_business_date(
         getattr(dag_run, "conf", None) or {},
-        getattr(dag_run, "logical_date", None),
+        run_moment(dag_run),
         period=dag_period(dag),
         timezone=dag_timezone(dag),
     )

@@ -198,6 +198,13 @@ def map_key(context: Mapping[str, Any]) -> str | None:
     return escape_map_key(rendered)
 
 
+def run_moment(dag_run: Any) -> Any:
+    """The instant a run's business date is cut from: its logical date or, for an
+    asset-triggered run of a partitioned DAG (Airflow 3.3 gives it no logical date), the
+    partition's date as Airflow resolved it. None when it has neither."""
+    return getattr(dag_run, "logical_date", None) or getattr(dag_run, "partition_date", None)
+
+
 def target_from_context(
     context: Mapping[str, Any],
     *,
@@ -218,7 +225,7 @@ def target_from_context(
     conf: Mapping[str, Any] = getattr(dag_run, "conf", None) or {}
     business_date = resolve_business_date(
         conf,
-        getattr(dag_run, "logical_date", None),
+        run_moment(dag_run),
         period=chosen,
         timezone=timezone or dag_timezone(dag),
         now=None if allows_future_dates(dag) else datetime.now(UTC),

@@ -145,3 +145,30 @@ def test_airflow_keys_a_protected_task_of_a_partition_as_the_bridge_does(
     context["dag_run"].partition_key = "Wednesday"
     with pytest.raises(InvalidPartition, match="'Wednesday' is refused"):
         run_partition(context)
+
+
+def test_an_asset_triggered_partition_run_is_dated_by_its_partition(
+    dags: dict[str, object],
+) -> None:
+    from datetime import UTC, datetime
+
+    from airflow_plugins.lease import InvalidLeaseInput
+    from airflow_plugins.protection.task_identity import target_from_context
+    from tests.airflow.conftest import task_context
+
+    # Airflow 3.3 creates an asset-triggered run with no logical date; its partition's date
+    # (resolved from the key) is the moment its business date is cut from
+    task = dags["daily_inference"].get_task("run_inference")  # type: ignore[attr-defined]
+    context = task_context(task, logical_date=None)
+    context["dag_run"].partition_key = "2024-01-03"
+    context["dag_run"].partition_date = datetime(2024, 1, 3, tzinfo=UTC)
+    assert (
+        str(target_from_context(context).key)
+        == "daily_inference/run_inference/2024-01-03@2024-01-03"
+    )
+    # a runtime partition (a region) has no date: the run must still name its business date
+    context["dag_run"].partition_key, context["dag_run"].partition_date = "us", None
+    with pytest.raises(InvalidLeaseInput, match="no logical date"):
+        target_from_context(context)
+    context["dag_run"].conf = {"business_date": "2024-01-05"}
+    assert str(target_from_context(context).key) == "daily_inference/run_inference/2024-01-05@us"
