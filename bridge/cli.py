@@ -428,6 +428,8 @@ def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
                 map_key=request.get("map_key"),
                 source=request.get("source", ""),
                 compare_poll_s=config.compare_poll_s,
+                partition_key=request.get("partition_key"),
+                partition_date=request.get("partition_date"),
             )
         return {"ok": True, **got.__dict__}
 

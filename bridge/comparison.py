@@ -22,6 +22,7 @@ from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from airflow_plugins.protection.config import sink_dsn
 from bridge import task_comparison
 from bridge.airflow_side import AirflowSideUnavailable, airflow_tasks, run_id_of
+from bridge.partition import keyed_date
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
 
@@ -121,7 +122,7 @@ def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
         store,
         ComparisonRow(
             dag_id=shadow.dag_id,
-            business_date=shadow.business_date,
+            business_date=keyed_date(shadow.business_date, shadow.partition_key),
             primary_status=primary.status,
             primary_ms=primary.ms,
             shadow_status=shadow_side.status,
@@ -166,7 +167,7 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
         store,
         ComparisonRow(
             dag_id=shadow.dag_id,
-            business_date=shadow.business_date,
+            business_date=keyed_date(shadow.business_date, shadow.partition_key),
             primary_status=primary_status,
             primary_ms=sum(durations) if durations else None,
             shadow_status=shadow.status,
@@ -191,7 +192,7 @@ def record_primary(store: LeaseStore, result: DagRunResult) -> None:
             query("comparison_insert_primary"),
             {
                 "dag_id": result.dag_id,
-                "business_date": result.business_date,
+                "business_date": keyed_date(result.business_date, result.partition_key),
                 "primary_status": result.status,
                 "primary_ms": result.duration_ms,
                 "primary_digests": Jsonb(
@@ -284,7 +285,9 @@ def _primary_side(store: LeaseStore, spec: DagSpec, shadow: DagRunResult) -> _Si
     keys: list[str] = []
     prefixes: list[str] = []
     for task in spec.tasks:
-        base = f"{spec.dag_id}/{task.task_id}/{shadow.business_date}"
+        base = (
+            f"{spec.dag_id}/{task.task_id}/{keyed_date(shadow.business_date, shadow.partition_key)}"
+        )
         outcome = shadow.tasks.get(task.task_id)
         if task.map_over:
             prefixes.append(_like_prefix(base))

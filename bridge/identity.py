@@ -10,14 +10,16 @@ from croniter import croniter
 
 from airflow_plugins.lease import InvalidLeaseInput
 from airflow_plugins.lease.keys import LeaseKey, Period, business_period, escape_map_key, lease_key
+from bridge.partition import keyed_date
 from bridge.spec import RUN_TASK_ID, DagSpec, RunMode
 
 WORKFLOW_ID_PREFIX = "dagrun:"
 
 
-def run_key(dag_id: str, business_date: str) -> LeaseKey:
-    """The key of a whole business run of a DAG (``billing_nightly/dagrun/2024-02-15``)."""
-    return lease_key(dag_id, RUN_TASK_ID, business_date)
+def run_key(dag_id: str, business_date: str, partition_key: str | None = None) -> LeaseKey:
+    """The key of a whole business run of a DAG (``billing_nightly/dagrun/2024-02-15``; one
+    partition's: ``ingest_region_stats/dagrun/2024-02-15@us``)."""
+    return lease_key(dag_id, RUN_TASK_ID, keyed_date(business_date, partition_key))
 
 
 def tick_business_date(spec: DagSpec, nominal: datetime) -> str:
@@ -57,6 +59,7 @@ def workflow_id(
     *,
     part: str | None = None,
     map_key: str | None = None,
+    partition_key: str | None = None,
 ) -> str:
     """The workflow id of a business run: one execution per key (and one per shadow key).
 
@@ -67,16 +70,24 @@ def workflow_id(
         part: the task id when one task of the run is handed over (its lease key's id);
             None for the whole run.
         map_key: the mapped item, for one item of a mapped task.
+        partition_key: the Airflow run's asset partition: each partition of a business date
+            is a run of its own (``bridge.partition.keyed_date``); None: the id as before.
     """
-    key = lease_key(dag_id, part or RUN_TASK_ID, business_date, map_key)
+    key = lease_key(dag_id, part or RUN_TASK_ID, keyed_date(business_date, partition_key), map_key)
     return WORKFLOW_ID_PREFIX + (key.shadow if mode is RunMode.SHADOW else str(key))
 
 
 def task_lease_key(
-    dag_id: str, task_id: str, business_date: str, map_key: str | None, mode: RunMode
+    dag_id: str,
+    task_id: str,
+    business_date: str,
+    map_key: str | None,
+    mode: RunMode,
+    partition_key: str | None = None,
 ) -> str:
-    """The lease key an activity takes: the Airflow operator's key, or its shadow."""
-    key = lease_key(dag_id, task_id, business_date, map_key)
+    """The lease key an activity takes: the Airflow operator's key, or its shadow (with the
+    run's partition after the business date, when it has one)."""
+    key = lease_key(dag_id, task_id, keyed_date(business_date, partition_key), map_key)
     return key.shadow if mode is RunMode.SHADOW else str(key)
 
 

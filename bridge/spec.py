@@ -145,6 +145,9 @@ class DagRunInput:
             the item's key.
         fanout_threshold: a mapped task with more items than this runs them in child workflows.
         chunk_size: items per child workflow (keeps every history far from the event limit).
+        partition_key: the Airflow run's asset partition key (None: not partitioned); part of
+            the run's workflow id, lease keys and comparison row (``bridge.partition``).
+        partition_date: its date as Airflow resolves it (ISO text; None for a key with none).
     """
 
     spec: DagSpec
@@ -156,6 +159,8 @@ class DagRunInput:
     map_key: str | None = None
     fanout_threshold: int = 200
     chunk_size: int = 500
+    partition_key: str | None = None
+    partition_date: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +176,9 @@ class TaskInput:
     map_value: Any = None
     #: the XComs other than the return value its upstream tasks pushed: task id -> key -> value
     upstream_xcoms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: the run's asset partition (``DagRunInput``'s)
+    partition_key: str | None = None
+    partition_date: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +236,7 @@ class DagRunResult:
     status: str
     tasks: dict[str, TaskOutcome]
     duration_ms: int = 0
+    partition_key: str | None = None
 
     @property
     def failed(self) -> list[str]:

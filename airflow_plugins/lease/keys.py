@@ -176,6 +176,32 @@ def business_period(
     return text
 
 
+#: Between a business date and a run's asset partition key in a key's date part (Airflow 3.3's
+#: partitioned DAGs run once per partition: regions ``us`` and ``eu`` of one day are two runs).
+PARTITION_SEPARATOR = "@"
+
+
+def partitioned_date(business_date: str, partition_key: str | None) -> str:
+    """The date part of a partitioned run's keys: the business date, ``@``, the partition key.
+
+    The key is escaped as a mapped item's name is (``escape_map_key``: a ``/`` or a trailing
+    ``#shadow`` cannot break the key), so two partitions never share a key. No partition: the
+    business date itself, so every key of a run without one is what it always was.
+
+    >>> partitioned_date("2024-02-15", "us"), partitioned_date("2024-02-15", None)
+    ('2024-02-15@us', '2024-02-15')
+    """
+    if partition_key is None:
+        return business_date
+    return f"{business_date}{PARTITION_SEPARATOR}{escape_map_key(partition_key)}"
+
+
+def split_partition(date_part: str) -> tuple[str, str | None]:
+    """A key's date part as its business date and its (escaped) partition key, if any."""
+    business_date, separator, partition = date_part.partition(PARTITION_SEPARATOR)
+    return business_date, partition if separator else None
+
+
 def split_fold(business_date: str) -> tuple[str, bool]:
     """A business date's text without its ``.fold`` mark, and whether it had one."""
     if business_date.endswith(FOLD_SUFFIX):
@@ -205,8 +231,9 @@ def parse_business_date(text: object, period: Period) -> str:
 
 
 def first_day(business_date: str) -> date:
-    """The calendar date a business date starts on (for retention checks and queries)."""
-    business_date = split_fold(business_date)[0]
+    """The calendar date a business date (or a partitioned key's date part) starts on (for
+    retention checks and queries)."""
+    business_date = split_fold(split_partition(business_date)[0])[0]
     if "-W" in business_date:
         year, week = business_date.split("-W")
         return date.fromisocalendar(int(year), int(week), 1)

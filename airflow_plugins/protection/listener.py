@@ -25,11 +25,17 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from airflow_plugins.lease import Holder, InvalidLeaseInput, LeaseStore, LeaseStoreUnavailable
-from airflow_plugins.lease.keys import first_day, lease_key, resolve_business_date
+from airflow_plugins.lease.keys import (
+    first_day,
+    lease_key,
+    partitioned_date,
+    resolve_business_date,
+)
 from airflow_plugins.protection import config
 from airflow_plugins.protection.task_identity import (
     dag_period,
     dag_timezone,
+    run_moment,
     target_from_context,
     try_holder,
 )
@@ -180,14 +186,16 @@ def record_dag_run(dag_run: Any, event: str) -> None:
         return
     business_date = resolve_business_date(
         getattr(dag_run, "conf", None) or {},
-        getattr(dag_run, "logical_date", None),
+        run_moment(dag_run),
         period=dag_period(dag),
         timezone=dag_timezone(dag),
     )
     store = _store()
     if store is None:
         return
-    key = str(lease_key(dag_run.dag_id, DAG_RUN_TASK, business_date))
+    # one partition of a partitioned DAG's business date is not a duplicate of another
+    partition = getattr(dag_run, "partition_key", None)
+    key = str(lease_key(dag_run.dag_id, DAG_RUN_TASK, partitioned_date(business_date, partition)))
     # read and record under the key's lock: two schedulers firing at once, or two runs of the
     # date starting together, each see the other's row
     with store.serialized(key):

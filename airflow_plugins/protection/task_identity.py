@@ -26,7 +26,9 @@ from airflow_plugins.lease.keys import (
     escape_map_key,
     first_day,
     lease_key,
+    partitioned_date,
     resolve_business_date,
+    split_partition,
 )
 
 PERIOD_TAG_PREFIX = "exactly-once-period:"
@@ -55,8 +57,8 @@ class TaskTarget:
 
     @property
     def business_date(self) -> str:
-        """The business date of the key (``2024-02-15``)."""
-        return self.key.business_date
+        """The business date of the key (``2024-02-15``; without a partitioned run's key)."""
+        return split_partition(self.key.business_date)[0]
 
     @property
     def first_day(self) -> Any:
@@ -196,6 +198,13 @@ def map_key(context: Mapping[str, Any]) -> str | None:
     return escape_map_key(rendered)
 
 
+def run_moment(dag_run: Any) -> Any:
+    """The instant a run's business date is cut from: its logical date or, for an
+    asset-triggered run of a partitioned DAG (Airflow 3.3 gives it no logical date), the
+    partition's date as Airflow resolved it. None when it has neither."""
+    return getattr(dag_run, "logical_date", None) or getattr(dag_run, "partition_date", None)
+
+
 def target_from_context(
     context: Mapping[str, Any],
     *,
@@ -216,13 +225,17 @@ def target_from_context(
     conf: Mapping[str, Any] = getattr(dag_run, "conf", None) or {}
     business_date = resolve_business_date(
         conf,
-        getattr(dag_run, "logical_date", None),
+        run_moment(dag_run),
         period=chosen,
         timezone=timezone or dag_timezone(dag),
         now=None if allows_future_dates(dag) else datetime.now(UTC),
         step=schedule_step(getattr(dag, "timetable", None)),
     )
-    key = lease_key(ti.dag_id, ti.task_id, business_date, map_key(context))
+    # a partitioned run (Airflow 3.3) keys its partition after the date: the bridge keys alike
+    partition = getattr(dag_run, "partition_key", None)
+    key = lease_key(
+        ti.dag_id, ti.task_id, partitioned_date(business_date, partition), map_key(context)
+    )
     return TaskTarget(
         key=key,
         period=chosen,

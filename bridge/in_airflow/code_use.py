@@ -30,6 +30,7 @@ WORKER_CONTEXT = frozenset(
         "ds", "ds_nodash", "ts", "ts_nodash", "ts_nodash_with_tz", "data_interval_start",
         "data_interval_end", "task_instance_key_str", "inlets", "outlets", "outlet_events",
         "inlet_events", "macros", "var", "conn", "map_index_template", "triggering_asset_events",
+        "partition_key", "partition_date",
     }
 )  # fmt: skip
 #: What the worker's context holds but not as Airflow does: asset events are read from
@@ -38,7 +39,6 @@ WORKER_CONTEXT = frozenset(
 _NOT_CARRIED = frozenset({"inlet_events", "triggering_asset_events"})
 #: The context arguments the worker gives a callable it runs through its operator's execute.
 CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"}
-_PARTITION = {"partition_key", "partition_date"}
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
 _SKIPS = {
     "AirflowSkipException": "skips itself: the workflow marks it skipped",
@@ -179,22 +179,7 @@ def _context_reads(fn: Callable[..., Any], name: str) -> list[Use]:
     return uses
 
 
-def _partition_use(node: ast.AST) -> Use | None:
-    if (isinstance(node, ast.Attribute) and node.attr in _PARTITION) or (
-        isinstance(node, ast.Constant) and node.value in _PARTITION
-    ):
-        return Use(
-            "asset partition",
-            "reads the run's asset partition: a bridge run is keyed by business date and has "
-            "no partition",
-        )
-    return None
-
-
 def _node_use(node: ast.AST, *, wired: Collection[str]) -> Use | None:
-    partition = _partition_use(node)
-    if partition is not None:
-        return partition
     if isinstance(node, ast.Raise) and node.exc is not None:
         raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
         name = _name(raised)

@@ -59,11 +59,13 @@ def request(
     map_key: str | None = None,
     source: str = "",
     wait: bool = True,
+    partition: tuple[str, str | None] | None = None,
 ) -> Handoff | None:
     """Hands a run over through the child process.
 
     Args:
         wait: False for a shadow start that must not delay Airflow: fire and forget.
+        partition: the Airflow run's partition key and date (ISO), from ``run_partition``.
 
     Raises:
         TemporalUnavailable: Temporal did not answer; nothing was started.
@@ -80,6 +82,8 @@ def request(
             "part": part,
             "map_key": map_key,
             "source": source,
+            "partition_key": partition[0] if partition else None,
+            "partition_date": partition[1] if partition else None,
         }
     )
     command = [sys.executable, "-m", "bridge.cli", "handover"]
@@ -111,9 +115,31 @@ def request(
     kind, message = answer.get("error_type"), str(answer.get("error"))
     if kind == "TemporalUnavailable":
         raise TemporalUnavailable(message)
-    if kind in ("HandoverRefused", "PayloadTooLarge", "InvalidLeaseInput", "UntranslatableDag"):
+    if kind in (
+        "HandoverRefused",
+        "PayloadTooLarge",
+        "InvalidLeaseInput",
+        "InvalidPartition",
+        "UntranslatableDag",
+    ):
         raise InvalidLeaseInput(message)
     raise HandoverFailed(f"{kind}: {message}")
+
+
+def run_partition(context: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """The asset partition of the Airflow run in ``context``: its key, and its date as Airflow
+    resolves it (``bridge.partition.resolve``, ISO); None for a run without one.
+
+    Raises:
+        InvalidPartition: a key the DAG's timetable rejects (nothing is handed over).
+    """
+    from bridge.partition import resolve
+
+    key = getattr(context.get("dag_run"), "partition_key", None)
+    if key is None:
+        return None
+    resolved = resolve(context["dag"], key)
+    return key, resolved.isoformat() if resolved is not None else None
 
 
 def record_workflow(context: Mapping[str, Any], workflow_id: str) -> None:

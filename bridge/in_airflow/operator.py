@@ -128,10 +128,11 @@ class BridgeOperator(BaseOperator):
         part = None if self.task_ids is None else self.task_id
         try:
             spec = self._spec(context)
-            business_date = target_from_context(context, period=self.period).key.business_date
+            business_date = target_from_context(context, period=self.period).business_date
+            partition = handoff.run_partition(context)  # a bad key fails here, before a start
             mode = fixed_mode(spec.dag_id, business_date)
             if mode is CutoverMode.SHADOW:
-                self._start_shadow(spec, business_date, part, context)
+                self._start_shadow(spec, business_date, part, context, partition)
             if not mode.temporal_primary:
                 raise AirflowSkipException(
                     f"bridge: {spec.dag_id} {business_date} is fixed to mode {mode.value}: "
@@ -142,6 +143,7 @@ class BridgeOperator(BaseOperator):
                 business_date,
                 part=part,
                 source=f"airflow:{context['run_id']}",
+                partition=partition,
             )
         except TemporalUnavailable as exc:
             raise AirflowException(f"bridge: {exc}; nothing was started") from exc
@@ -158,7 +160,12 @@ class BridgeOperator(BaseOperator):
         )
 
     def _start_shadow(
-        self, spec: DagSpec, business_date: str, part: str | None, context: Any
+        self,
+        spec: DagSpec,
+        business_date: str,
+        part: str | None,
+        context: Any,
+        partition: tuple[str, str | None] | None = None,
     ) -> None:
         """Starts the run's Temporal shadow; never waited for, never fatal to Airflow's run."""
         try:
@@ -169,6 +176,7 @@ class BridgeOperator(BaseOperator):
                 part=part,
                 source=f"airflow:{context['run_id']}",
                 wait=False,
+                partition=partition,
             )
         except Exception as exc:  # the shadow must never disturb the primary
             log.warning("bridge: no shadow for %s %s: %s", spec.dag_id, business_date, exc)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_plugins.lease import InvalidLeaseInput
+from airflow_plugins.lease.keys import split_partition
 from airflow_plugins.protection.routing import ProtectedRun, Route
 from bridge.config import BridgeConfig, TemporalUnavailable
 from bridge.cutover import CutoverMode, mode_store
@@ -78,10 +79,11 @@ class TemporalHandover:
             spec = single_task_spec(operator, context)
             reply = handoff.request(
                 spec,
-                run.key.business_date,
+                split_partition(run.key.business_date)[0],
                 part=run.task_id,
                 map_key=run.key.map_key,
                 source=f"airflow:{run.run_id}:try{run.try_number}",
+                partition=handoff.run_partition(context),
             )
         except TemporalUnavailable as exc:
             raise _retry(f"bridge: {exc}; nothing was started, the next try hands over") from exc
@@ -133,12 +135,13 @@ class ShadowHandover:
             spec = single_task_spec(operator, context)
             handoff.request(
                 spec,
-                run.key.business_date,
+                split_partition(run.key.business_date)[0],
                 mode=RunMode.SHADOW,
                 part=run.task_id,
                 map_key=run.key.map_key,
                 source=f"airflow:{run.run_id}",
                 wait=False,
+                partition=handoff.run_partition(context),
             )
         except Exception as exc:  # the shadow must never disturb the primary
             log.warning("bridge: no shadow for %s: %s", run.key, exc)
@@ -171,7 +174,7 @@ class BridgeRouter:
         from airflow_plugins.protection import config
 
         mode = mode_store(config.lease_store(), config.lease_dsn()).fix_for_business_run(
-            run.dag_id, run.key.business_date
+            run.dag_id, split_partition(run.key.business_date)[0]
         )
         if mode is CutoverMode.AIRFLOW:
             return Route(mode.value)

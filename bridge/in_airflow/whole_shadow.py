@@ -55,7 +55,7 @@ def _start(ti: Any) -> bool:
     from airflow_plugins.protection.task_identity import target_from_context
 
     context = ti.get_template_context()
-    business_date = target_from_context(context).key.business_date
+    business_date = target_from_context(context).business_date
     modes = mode_store(config.lease_store(), config.lease_dsn())
     if modes.get(dag.dag_id) is CutoverMode.AIRFLOW:
         return False  # the common case: nothing written (a run fixed to shadow is not primary)
@@ -70,6 +70,7 @@ def _start(ti: Any) -> bool:
         mode=RunMode.SHADOW,
         source=f"{SOURCE_PREFIX}{context['run_id']}",
         wait=False,
+        partition=handoff.run_partition(context),
     )
     log.info("bridge: whole-DAG shadow of %s %s started", dag.dag_id, business_date)
     return True

@@ -23,6 +23,7 @@ from airflow_plugins.lease.keys import lease_key
 from bridge.config import TemporalUnavailable
 from bridge.graph import graph_problems, shadow_refusals
 from bridge.identity import run_key, workflow_id
+from bridge.partition import check_partition, keyed_date
 from bridge.spec import DagRunInput, DagRunResult, DagSpec, Handoff, RunMode
 from bridge.worker.workflows import DagRunWorkflow
 
@@ -71,27 +72,40 @@ class Handover:
         part: str | None = None,
         map_key: str | None = None,
         fanout_threshold: int = 200,
+        partition_key: str | None = None,
+        partition_date: str | None = None,
     ) -> Handoff:
         """Starts the business run's workflow, or attaches to the execution that has its id.
 
         ``part`` hands over one task of the run (an Airflow protected task routed to Temporal):
         the workflow id is then derived from that task's lease key (and ``map_key``'s item).
+        ``partition_key`` (with its ``partition_date`` as Airflow resolved it:
+        ``bridge.partition.resolve``) hands over one asset partition of the business date: a
+        run of its own, whose ids and keys name it.
 
         Raises:
             HandoverRefused: the graph is broken, or has tasks unsafe for shadow.
             PayloadTooLarge: the input is over the payload limit.
             TemporalUnavailable: Temporal did not answer; nothing was started.
-            InvalidLeaseInput: bad DAG id or business date.
+            InvalidLeaseInput: bad DAG id, business date or partition key.
         """
-        wid = workflow_id(spec.dag_id, business_date, mode, part=part, map_key=map_key)
+        check_partition(spec, partition_key)
+        wid = workflow_id(
+            spec.dag_id,
+            business_date,
+            mode,
+            part=part,
+            map_key=map_key,
+            partition_key=partition_key,
+        )
         problems = graph_problems(spec) + (shadow_refusals(spec) if mode is RunMode.SHADOW else [])
         if problems:
             raise HandoverRefused(f"{spec.dag_id} cannot be handed over: " + "; ".join(problems))
         if mode is RunMode.PRIMARY and self.store is not None:
             done_key = (
-                lease_key(spec.dag_id, part, business_date, map_key)
+                lease_key(spec.dag_id, part, keyed_date(business_date, partition_key), map_key)
                 if part
-                else run_key(spec.dag_id, business_date)
+                else run_key(spec.dag_id, business_date, partition_key)
             )
             # off the event loop: concurrent handovers must not queue behind one query
             row = await asyncio.to_thread(self.store.get, str(done_key))
@@ -106,6 +120,8 @@ class Handover:
             map_key=map_key,
             fanout_threshold=fanout_threshold,
             chunk_size=max(1, min(500, fanout_threshold)),
+            partition_key=partition_key,
+            partition_date=partition_date,
         )
         await self._check_size(inp)
         try:

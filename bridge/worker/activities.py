@@ -96,7 +96,9 @@ class BridgeActivities:
         """Runs one task (or one mapped item) of a business run under its lease."""
         info = activity.info()
         spec = inp.task
-        key = task_lease_key(inp.dag_id, spec.task_id, inp.business_date, inp.map_key, inp.mode)
+        key = task_lease_key(
+            inp.dag_id, spec.task_id, inp.business_date, inp.map_key, inp.mode, inp.partition_key
+        )
         holder = Holder.temporal(
             workflow_id=info.workflow_id or "",
             workflow_run_id=info.workflow_run_id or "",
@@ -242,6 +244,8 @@ class BridgeActivities:
             inp.business_date,
             period=dag_period(task.dag).value,
             timezone=dag_timezone(task.dag),
+            partition_key=inp.partition_key,
+            partition_date=inp.partition_date,
         )
         # the workflow passes the results of the upstream tasks the spec's XCom markers name
         context = template_context(
@@ -271,7 +275,7 @@ class BridgeActivities:
         """Records a finished primary run: the run key's lease (so a late handover finds it
         done without starting anything), its audit row, and its side of the comparison."""
         info = activity.info()
-        key = str(run_key(result.dag_id, result.business_date))
+        key = str(run_key(result.dag_id, result.business_date, result.partition_key))
         holder = Holder.temporal(
             workflow_id=info.workflow_id or "",
             workflow_run_id=info.workflow_run_id or "",

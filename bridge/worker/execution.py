@@ -49,6 +49,8 @@ class WorkerDagRun:
     conf: dict[str, Any]
     run_type: str = "bridge"
     partition_key: str | None = None
+    #: the partition's date as Airflow resolves it from the key (None: no key, or no date)
+    partition_date: datetime | None = None
 
     @property
     def run_after(self) -> datetime:
@@ -124,9 +126,19 @@ class WorkerTaskInstance:
 
 
 def business_run(
-    dag_id: str, run_id: str, business_date: str, *, period: str, timezone: str
+    dag_id: str,
+    run_id: str,
+    business_date: str,
+    *,
+    period: str,
+    timezone: str,
+    partition_key: str | None = None,
+    partition_date: str | None = None,
 ) -> tuple[WorkerDagRun, str]:
     """The run an operator sees for a business date, and its ``ds`` (the period's first day).
+
+    A partitioned run's ``dag_run`` carries its ``partition_key`` and ``partition_date`` (ISO
+    text, as the run's input holds it) as Airflow's does.
 
     Raises:
         ValueError: a business date that does not fit the period.
@@ -150,6 +162,12 @@ def business_run(
         data_interval_start=start.in_tz("UTC"),
         data_interval_end=end.in_tz("UTC"),
         conf={"business_date": business_date},
+        partition_key=partition_key,
+        partition_date=(
+            pendulum.parse(partition_date).in_tz("UTC")  # type: ignore[union-attr]
+            if partition_date
+            else None
+        ),
     )
     return run, day.isoformat()
 
@@ -176,6 +194,8 @@ def template_context(
       XComs (any key) from this workflow's own results; ``ti.xcom_push`` keys reach the
       downstream tasks with the task's result. XComs of other runs or DAGs are not carried.
     - ``params`` are the DAG's and task's params, validated as Airflow validates them.
+    - ``partition_key`` / ``partition_date`` (and ``dag_run``'s) are the Airflow run's asset
+      partition, as Airflow's context holds them (None for a run without one).
     """
     from airflow.sdk.definitions.param import process_params
     from airflow.sdk.execution_time.context import (
@@ -218,6 +238,8 @@ def template_context(
         "conn": ConnectionAccessor(),
         "map_index_template": task.map_index_template,
         "triggering_asset_events": {},
+        "partition_key": run.partition_key,
+        "partition_date": run.partition_date,
     }
 
 

@@ -108,6 +108,8 @@ async def _run_items(
                     map_key=map_key,
                     map_value=value,
                     upstream_xcoms=template.upstream_xcoms,
+                    partition_key=template.partition_key,
+                    partition_date=template.partition_date,
                 )
             )
 
@@ -168,6 +170,7 @@ class DagRunWorkflow:
             status=status,
             tasks=outcomes,
             duration_ms=round((workflow.now() - started).total_seconds() * 1000),
+            partition_key=inp.partition_key,
         )
         await self._record(inp, result)
         if status != "success":
@@ -224,6 +227,8 @@ class DagRunWorkflow:
                 for u_id, u in zip(task.upstream, ups, strict=True)
                 if u.xcoms and u_id in wanted
             },
+            partition_key=inp.partition_key,
+            partition_date=inp.partition_date,
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])

@@ -173,6 +173,34 @@ def test_a_run_after_a_succeeded_run_is_flagged_but_not_after_a_failed_one(
     assert "r2 (success)" in flagged[0]["reason"]
 
 
+def test_two_partitions_of_one_date_are_two_runs_and_a_second_run_of_one_is_flagged(
+    plugin_env: dict[str, str],
+) -> None:
+    dag = _dag(["exactly-once"])
+    us = _dag_run("manual__us", dag, partition_key="us")
+    eu = _dag_run("manual__eu", dag, partition_key="eu")
+    us_again = _dag_run("manual__us_again", dag, partition_key="us")
+    for run in (us, eu, us_again):
+        listener.on_dag_run_running(dag_run=run, msg="started")
+    with LeaseStore(plugin_env["lease"]) as store:
+        by_key = {
+            region: [
+                (r["event"], r["holder"]["run_id"]) for r in store.history(f"{RUN_KEY}@{region}")
+            ]
+            for region in ("us", "eu")
+        }
+        plain = store.history(RUN_KEY)
+    assert by_key == {
+        "us": [
+            ("dag_run_running", "manual__us"),
+            ("dag_run_running", "manual__us_again"),
+            ("duplicate_run", "manual__us_again"),
+        ],
+        "eu": [("dag_run_running", "manual__eu")],  # not a duplicate of us
+    }
+    assert plain == []
+
+
 def test_unprotected_dags_are_not_audited(plugin_env: dict[str, str]) -> None:
     dag = _dag(["billing"])
     listener.on_dag_run_running(dag_run=_dag_run("r1", dag), msg="")

@@ -51,6 +51,7 @@ from airflow_plugins.lease import LeaseStore
 from bridge.config import BridgeConfig
 from bridge.identity import workflow_id
 from bridge.in_airflow.translate import inventory
+from bridge.partition import resolve
 from bridge.spec import DagRunInput, DagRunResult
 from bridge.worker.catalog import TaskCatalog
 from bridge.worker.workflows import DagRunWorkflow
@@ -92,6 +93,8 @@ FAST = (
     "example_measurement_correction_decorator",
     "asset_produces_1",
     "example_display_name",
+    "ingest_region_stats",  # the asset partition (a runtime one), read from the context
+    "aggregate_regional_sales",  # a composite key with a date: partition_date resolved
 )
 #: Task outputs that differ between any two runs, in Airflow too: their state is compared, their
 #: value is not (by task, with the reason).
@@ -109,6 +112,26 @@ AIRFLOW_CANNOT_LOAD = {
     "example_workday_timetable": "its timetable comes from the example plugin, which this stack "
     "does not install (an import error in Airflow)",
 }
+#: The partition each partitioned DAG is run for, in both engines (its key for business date
+#: ``{day}``, in the form its timetable's mappers accept). Triggered by hand through the REST API
+#: with this ``partition_key``: Airflow 3.3 accepts a key for any partitioned DAG, asset-scheduled
+#: ones too (``validate_partition_key`` checks only that the timetable is partitioned, and
+#: ``resolve_partition_date`` that the key has the mappers' form).
+PARTITIONS = {
+    "ingest_region_stats": "us",  # PartitionedAtRuntime: any key, no date
+    "aggregate_regional_sales": "eu|{day}",  # ProductMapper(Identity, StartOfDay)
+    "clean_and_combine_player_stats": "{day}T03",  # StartOfHourMapper
+    "daily_team_a_rollup": "{day}",  # RollupMapper(StartOfDay, DayWindow)
+    "monthly_team_a_rollup": "{month}",  # RollupMapper(StartOfMonth, MonthWindow)
+    "daily_inference": "{day}",  # FanOutMapper(StartOfWeek, WeekWindow): daily keys
+    "trailing_week_inference": "{day}",
+    "segment_region_stats_rollup": "all_regions",  # FixedKeyMapper
+    "segment_region_stats_early_rollup": "all_regions",
+    "summarize_live_region_stats": "apac",  # IdentityMapper
+    "scatter_live_region_to_segments": "us",  # FanOutMapper(Identity, SegmentWindow, Identity)
+    "partition_context": "{day}",  # this project's: every way a task reads the partition
+    "partition_regions": "eu",  # this project's: a region (no date)
+}
 _STATES = {"succeeded": "success"}  # the bridge's outcome names -> Airflow's task states
 RUN_TIMEOUT_S = 600.0
 
@@ -118,6 +141,12 @@ def translatable() -> dict[str, Any]:
     dags = corpus_dags()
     found = inventory(dags.values())
     return {t.dag_id: dags[t.dag_id] for t in found if t.ok and t.dag_id not in AIRFLOW_CANNOT_LOAD}
+
+
+def partition_of(dag_id: str, day: str) -> str | None:
+    """The partition key ``dag_id`` is run for on ``day`` (None: not a partitioned run)."""
+    template = PARTITIONS.get(dag_id)
+    return template.format(day=day, month=day[:7]) if template is not None else None
 
 
 def _normal(value: Any, run_id: str) -> Any:
@@ -139,12 +168,14 @@ def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dic
             {"business_date": day},
             logical,
             run_id=f"corpus__{day}__{uuid.uuid4().hex[:6]}",
+            partition_key=partition_of(dag_id, day),
         )
         for dag_id in dag_ids
     }
     seen: dict[str, Seen] = {}
     for dag_id, run_id in runs.items():
-        harness.wait_for_run_state(dag_id, run_id, timeout=RUN_TIMEOUT_S)
+        run = harness.wait_for_run_state(dag_id, run_id, timeout=RUN_TIMEOUT_S)
+        assert run.get("partition_key") == partition_of(dag_id, day), run
         tasks: Seen = {}
         for ti in api.task_instances(dag_id, run_id):
             task_id = ti["task_id"]
@@ -203,10 +234,18 @@ def in_bridge(
             for dag_id, dag in dags.items():
                 spec = translate(dag).spec
                 assert spec is not None, dag_id
-                wid = workflow_id(dag_id, day)
+                key = partition_of(dag_id, day)
+                resolved = resolve(dag, key)  # as the handover resolves it
+                wid = workflow_id(dag_id, day, partition_key=key)
                 await client.start_workflow(
                     DagRunWorkflow.run,
-                    DagRunInput(spec, day, source="corpus"),
+                    DagRunInput(
+                        spec,
+                        day,
+                        source="corpus",
+                        partition_key=key,
+                        partition_date=resolved.isoformat() if resolved else None,
+                    ),
                     id=wid,
                     task_queue=config.task_queue(spec.lane),
                 )

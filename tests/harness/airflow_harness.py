@@ -193,10 +193,14 @@ class AirflowHarness:
         logical_date: datetime | None = None,
         *,
         run_id: str | None = None,
+        partition_key: str | None = None,
     ) -> str:
-        """Unpauses and triggers ``dag_id``; returns the new run's id."""
+        """Unpauses and triggers ``dag_id`` (one asset partition of it, with ``partition_key``);
+        returns the new run's id."""
         self.wait_for_dag(dag_id)
-        return self.client().trigger_dag_run(dag_id, conf, logical_date, run_id=run_id)
+        return self.client().trigger_dag_run(
+            dag_id, conf, logical_date, run_id=run_id, partition_key=partition_key
+        )
 
     def wait_for_task_state(
         self,
