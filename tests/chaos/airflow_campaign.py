@@ -75,6 +75,7 @@ from airflow_plugins.demo.deployment import (
 from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.demo.stack import SCHEDULERS
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, Holder, LeaseStore, Outcome, migrate
+from airflow_plugins.lease.agent_client import AgentClient
 from airflow_plugins.lease.keys import lease_key
 from tests.chaos.airflow_checker import bad
 from tests.chaos.lease_campaign import ADMIN_DSN
@@ -82,6 +83,7 @@ from tests.chaos.proxy import Proxy
 from tests.harness.airflow_harness import AirflowHarness
 from tests.harness.celery_harness import CeleryHarness
 from tests.harness.fixtures import keep_logs
+from tests.lease.agent_process import AgentProcess
 from tests.lease.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +103,8 @@ ROUTE_KINDS = ("store_reset", "store_blackhole", "sink_reset", "sink_cut")
 KINDS = TASK_KINDS + AIRFLOW_KINDS + ROUTE_KINDS
 # with --executor celery: the Celery worker running a charge (its whole process tree)
 WORKER_KINDS = ("worker_sigkill", "worker_sigstop_past_lease")
+# with --agent: the lease agent the tasks reach the store through
+AGENT_KINDS = ("agent_sigkill", "agent_sigstop")
 # with --private-pg: the lease store's (and billing's) own server, capped per run
 SERVER_KINDS = ("store_restart", "store_crash")
 TTL = 10.0  # the harness's lease (FAST_LEASES); Airflow's task heartbeat timeout is 20 s
@@ -108,6 +112,7 @@ SCHEDULER_BACK = 25.0  # seconds until a killed scheduler is started again
 SCHEDULER_EVERY = 12  # at most one scheduler kill per this many faults
 TRIGGERER_BACK = 10.0  # seconds until a killed triggerer is started again
 WORKER_BACK = 15.0  # seconds until a killed Celery worker is started again
+AGENT_BACK = 5.0  # seconds until a killed lease agent is started again
 LIVE_LEASES = """
 SELECT key, (holder->>'pid')::int FROM runlease.lease
 WHERE state = 'running' AND expires_at > now()
@@ -176,12 +181,15 @@ class AirflowCampaign:
     scheduler_down: dict[str, float] = field(default_factory=dict)  # name -> when back
     triggerer_back: float = 0.0  # when a killed triggerer is started again (0: it is up)
     worker_down: dict[str, float] = field(default_factory=dict)  # Celery worker -> when back
+    agent: LeaseAgent | None = None  # the lease agent of ``chaos_stack(agent=True)``
+    agent_back: float = 0.0  # when a killed or stopped agent is back (0: it is up)
     last_scheduler_kill: int = -SCHEDULER_EVERY
     clear_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.celery = self.airflow if isinstance(self.airflow, CeleryHarness) else None
-        known = KINDS + WORKER_KINDS if self.celery is not None else KINDS
+        known = KINDS + (WORKER_KINDS if self.celery is not None else ())
+        known += AGENT_KINDS if self.agent is not None else ()
         unknown = set(self.kinds) - set(known)
         if unknown or not self.kinds:
             raise ValueError(f"unknown fault kinds {sorted(unknown)} on this executor: {known}")
@@ -251,6 +259,9 @@ class AirflowCampaign:
         for name, due in list(self.worker_down.items()):
             if now >= due:
                 self.worker_back(name)
+        if self.agent is not None and self.agent_back and now >= self.agent_back:
+            self.agent.back()
+            self.agent_back = 0.0
         for due, run in list(self.clears):
             if now >= due:
                 self.clears.remove((due, run))
@@ -320,6 +331,8 @@ class AirflowCampaign:
             kind = "task_sigkill"  # one triggerer: it is down until it is started again
         if kind in WORKER_KINDS and self.worker_down:
             kind = "task_sigkill"  # one worker away at a time: the other takes the retries
+        if kind in AGENT_KINDS and self.agent_back:
+            kind = "task_sigkill"  # one agent: it is away until it is back
         if self.plain and kind.startswith("store_"):
             kind = "sink_reset" if kind == "store_reset" else "sink_cut"  # no store to hit
         return kind
@@ -377,6 +390,8 @@ class AirflowCampaign:
             return self.duplicate_trigger(entry, leases, charges, pick, spread)
         if kind == "triggerer_sigkill":
             return self.triggerer_fault(entry, leases)
+        if kind in AGENT_KINDS:
+            return self.agent_fault(kind, entry, leases, charges, spread)
         if kind == "scheduler_sigkill" and self.celery is not None:
             return self.celery_scheduler_fault(entry, leases, charges, spread)
         if kind == "scheduler_sigkill":
@@ -473,6 +488,30 @@ class AirflowCampaign:
             for pid in pids:
                 self.stopped[pid] = time.monotonic() + pause
             self.worker_down[name] = time.monotonic() + pause
+        return True
+
+    def agent_fault(
+        self,
+        kind: str,
+        entry: dict[str, Any],
+        leases: dict[str, int],
+        charges: list[RunningCharge],
+        spread: float,
+    ) -> bool:
+        """SIGKILLs the lease agent (started again ``AGENT_BACK`` s later) or stops it for
+        0.2-2.5 lease TTLs; landed when a lease was live (its renewals went through it)."""
+        assert self.agent is not None
+        entry.update(landed=bool(leases))
+        entry["key"] = next(iter(leases), charges[0].business_date if charges else "")
+        if kind == "agent_sigkill":
+            self.agent.signal(signal.SIGKILL)
+            self.agent_back = time.monotonic() + AGENT_BACK
+        else:
+            pause = TTL * (0.2 + 2.3 * spread)
+            entry["pause_s"] = round(pause, 2)
+            self.agent.signal(signal.SIGSTOP)
+            self.agent_back = time.monotonic() + pause
+        self.log.append(entry)
         return True
 
     def celery_scheduler_fault(
@@ -593,6 +632,8 @@ class AirflowCampaign:
                 self.triggerer_back = time.monotonic()
             for name in list(self.worker_down):
                 self.worker_down[name] = 0.0
+            if self.agent_back:
+                self.agent_back = time.monotonic()
             self.tend()
             self.refresh()
             if not self.clears and all(r.state in TERMINAL for r in self.runs):
@@ -642,12 +683,39 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _through(proxy: Proxy, dsn: str, route: str) -> str:
-    """An Airflow Connection URI for ``dsn`` by way of the proxy's route ``route``."""
-    port = proxy.add_route(route, autocommit=route == "store")
+def _through(dsn: str, port: int) -> str:
+    """An Airflow Connection URI for ``dsn`` by way of the proxy's route on ``port``."""
     parts = psycopg.conninfo.conninfo_to_dict(dsn)
     parts.update(host="127.0.0.1", port=port)
     return airflow_uri(psycopg.conninfo.make_conninfo(**parts)) + "?sslmode=disable"
+
+
+class LeaseAgent:
+    """The stack's lease agent (``runlease agent``), serving the store by way of the proxy's
+    store route (the tasks' own spelling of it, so they use it), killed, stopped, restarted."""
+
+    def __init__(self, dsn: str, socket_path: Path) -> None:
+        self.dsn = dsn
+        self.socket_path = socket_path
+        self.process = AgentProcess(dsn, socket_path)
+
+    def signal(self, sig: int) -> None:
+        _signal(self.process.proc.pid, sig)
+
+    def back(self) -> None:
+        """Resumed if it was stopped, started again if it was killed."""
+        self.signal(signal.SIGCONT)
+        if self.process.proc.poll() is not None:
+            self.process = AgentProcess(self.dsn, self.socket_path)
+
+    def served(self) -> int:
+        """Requests the agent served so far (0 when it does not answer)."""
+        answer = AgentClient(str(self.socket_path), self.dsn, timeout=5).status()
+        return int(answer["served"]) if answer else 0
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.process.stop()
 
 
 @dataclass
@@ -657,12 +725,17 @@ class ChaosStack:
     airflow: AirflowHarness
     proxy: Proxy
     server: EmbeddedPostgres | None = None  # the store's and billing's own server, if private
+    agent: LeaseAgent | None = None  # the lease agent, with ``chaos_stack(agent=True)``
     keep_logs: bool = False  # a campaign found a violation: the stack's logs are kept
 
 
 @contextlib.contextmanager
 def chaos_stack(
-    admin_dsn: str = ADMIN_DSN, *, private_pg: bool = False, executor: str = "local"
+    admin_dsn: str = ADMIN_DSN,
+    *,
+    private_pg: bool = False,
+    executor: str = "local",
+    agent: bool = False,
 ) -> Iterator[ChaosStack]:
     """A running Airflow stack of the campaign's own, its tasks' Connections to the lease store
     and the billing database by way of a proxy the campaign controls; stopped afterwards.
@@ -670,7 +743,9 @@ def chaos_stack(
     With ``private_pg`` the lease store and the billing database live on a Postgres server of
     their own (Airflow's metadata stays on ``admin_dsn``'s), so the campaign can restart and
     crash it under the tasks. ``executor="celery"``: CeleryExecutor with two Celery workers on
-    a Redis of the stack's own (``CeleryHarness``), and the worker fault kinds.
+    a Redis of the stack's own (``CeleryHarness``), and the worker fault kinds. ``agent``:
+    every task reaches the store through a lease agent (``[exactly_once] agent_socket``) that
+    serves it through the proxy's store route, and the agent fault kinds.
     """
     folders = {"chaos": DAGS}
     airflow: AirflowHarness
@@ -685,6 +760,7 @@ def chaos_stack(
     server: EmbeddedPostgres | None = None
     proxy: Proxy | None = None
     running: ChaosStack | None = None
+    lease_agent: LeaseAgent | None = None
     try:
         upstream = psycopg.conninfo.conninfo_to_dict(admin_dsn)
         if private_pg:
@@ -699,22 +775,30 @@ def chaos_stack(
             upstream = {"host": "127.0.0.1", "port": server.port}
         proxy = Proxy(str(upstream.get("host", "127.0.0.1")), int(upstream.get("port", 5432)))
         proxy.start()
+        store_port = proxy.add_route("store", autocommit=True)
         airflow.stack.extra_env.update(
             {
-                f"AIRFLOW_CONN_{LEASE_CONN_ID.upper()}": _through(
-                    proxy, airflow.lease_dsn, "store"
-                ),
+                f"AIRFLOW_CONN_{LEASE_CONN_ID.upper()}": _through(airflow.lease_dsn, store_port),
                 f"AIRFLOW_CONN_{BILLING_CONN_ID.upper()}": _through(
-                    proxy, airflow.sink_dsn, "sink"
+                    airflow.sink_dsn, proxy.add_route("sink", autocommit=False)
                 ),
             }
         )
+        if agent:
+            socket_path = Path(tempfile.mkdtemp(prefix="eo-chaos-agent-")) / "agent.sock"
+            airflow.stack.extra_env["AIRFLOW__EXACTLY_ONCE__AGENT_SOCKET"] = str(socket_path)
         airflow.start()
+        if agent:
+            parts = psycopg.conninfo.conninfo_to_dict(airflow.lease_dsn)
+            parts.update(host="127.0.0.1", port=store_port)
+            lease_agent = LeaseAgent(psycopg.conninfo.make_conninfo(**parts), socket_path)
         airflow.wait_for_dag(DAG_ID)
         airflow.wait_for_dag(PLAIN_DAG_ID)
-        running = ChaosStack(airflow, proxy, server)
+        running = ChaosStack(airflow, proxy, server, lease_agent)
         yield running
     finally:
+        if lease_agent is not None:
+            lease_agent.stop()
         if proxy is not None:
             proxy.stop()
         deployment.lease_dsn, deployment.sink_dsn = shared  # dropped with the stack
@@ -756,6 +840,7 @@ def campaign(
         stack.proxy,
         server=stack.server,
         server_faults=server_faults if stack.server is not None else 0,
+        agent=stack.agent,
         **options,
     )
     try:
@@ -805,6 +890,8 @@ def campaign(
         raise RuntimeError(f"the checker printed nothing:\n{checked.stderr}")
     verdict: dict[str, Any] = json.loads(checked.stdout.strip().splitlines()[-1])
     verdict.update(seconds=seconds)
+    if stack.agent is not None:  # the tries' lease statements the agent served
+        verdict["agent_served"] = stack.agent.served()
     if kept:
         verdict["campaign_log"] = f.name
     print(json.dumps(verdict), flush=True)
@@ -832,15 +919,21 @@ def main(argv: list[str]) -> int:
         help="celery: two Celery workers on Redis, and the worker fault kinds",
     )
     parser.add_argument(
+        "--agent", action="store_true", help="tasks reach the store through a lease agent"
+    )
+    parser.add_argument(
         "--kinds",
-        help=f"fault kinds, comma-separated (default: the executor's; {KINDS + WORKER_KINDS})",
+        help=f"fault kinds, comma-separated (default: all the stack has; {KINDS + WORKER_KINDS})",
     )
     args = parser.parse_args(argv)
-    kinds = KINDS + WORKER_KINDS if args.executor == "celery" else KINDS
+    kinds = KINDS + (WORKER_KINDS if args.executor == "celery" else ())
+    kinds += AGENT_KINDS if args.agent else ()
     if args.kinds:
         kinds = tuple(args.kinds.split(","))
     started = time.monotonic()
-    with chaos_stack(args.dsn, private_pg=args.private_pg > 0, executor=args.executor) as stack:
+    with chaos_stack(
+        args.dsn, private_pg=args.private_pg > 0, executor=args.executor, agent=args.agent
+    ) as stack:
         up = round(time.monotonic() - started, 1)
         verdict = campaign(
             stack,

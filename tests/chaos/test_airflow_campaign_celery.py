@@ -2,11 +2,13 @@
 3.3 stack with two ``airflow celery worker`` processes on a Redis of its own (``CeleryHarness``),
 the demo payment processor.
 
+Every task reaches the lease store through one lease agent (the two workers share the host).
 With the plugin, the Celery worker running a charge SIGKILLed with its whole process tree (a
-worker machine lost; started again 15 s later) or stopped past the lease, besides task kills,
-a scheduler kill and clears: the independent checker finds every customer charged once in the
-billing table and at the processor, none missed, no stale write, no wedged key, every DAG run
-``success``. With the plugin disabled, worker kills alone make it find customers charged twice.
+worker machine lost; started again 15 s later) or stopped past the lease, the agent SIGKILLed
+or stopped, besides task kills, a scheduler kill and clears: the independent checker finds
+every customer charged once in the billing table and at the processor, none missed, no stale
+write, no wedged key, every DAG run ``success``. With the plugin disabled, worker kills alone
+make it find customers charged twice.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import pytest
 from tests.chaos.airflow_campaign import ChaosStack, campaign, chaos_stack
 
 SEED = 2
-FAULTS = 12
+FAULTS = 16
 KINDS = (
     "worker_sigkill",
     "worker_sigstop_past_lease",
+    "agent_sigkill",
+    "agent_sigstop",
     "task_sigkill",
     "supervisor_sigkill",
     "scheduler_sigkill",
@@ -35,7 +39,7 @@ pytestmark = [pytest.mark.celery]
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[ChaosStack]:
-    with chaos_stack(executor="celery") as running:
+    with chaos_stack(executor="celery", agent=True) as running:
         yield running
 
 
@@ -48,6 +52,9 @@ def test_fenced_billing_on_celery_workers_under_faults_charges_every_customer_on
     by_fault = verdict["by_fault"]
     worker_faults = sum(by_fault.get(k, {}).get("landed", 0) for k in KINDS[:2])
     assert worker_faults > 0, f"no Celery worker fault landed: {sorted(by_fault)}"
+    agent_faults = sum(by_fault.get(k, {}).get("landed", 0) for k in KINDS[2:4])
+    assert agent_faults > 0, f"no lease agent fault landed: {sorted(by_fault)}"
+    assert verdict["agent_served"] > 0, "the tries did not reach the store through the agent"
     assert verdict["items"] > 0
     assert verdict["duplicate_effects"] == 0
     assert verdict["processor_duplicates"] == 0
