@@ -1,10 +1,10 @@
 """What Airflow does around a task, or how it runs it, that the bridge worker does not do.
 
-The kinds of task the worker cannot run the same (sensors, deferrables, LatestOnly, cross-DAG
-operators, setup/teardown, trigger rules it does not decide), what Airflow runs around a task's code
-(pre/post-execute hooks, callbacks, depends_on_past) and callables Airflow runs somewhere other
-than in-process (``@task.bash``, ``@task.virtualenv``, ...). ``translate`` refuses them by name;
-``code_use`` reads what the code itself uses.
+The kinds of task the worker cannot run the same (sensors without a poke, deferrables,
+LatestOnly, cross-DAG operators, setup/teardown, trigger rules it does not decide), what Airflow
+runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and callables
+Airflow runs somewhere other than in-process (``@task.bash``, ``@task.virtualenv``, ...).
+``translate`` refuses them by name; ``code_use`` reads what the code itself uses.
 """
 
 from __future__ import annotations

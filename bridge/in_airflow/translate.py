@@ -201,8 +201,10 @@ def task_spec(
     of these expanded over one upstream task's list, and any other operator whose
     ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
     rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
-    (``bridge.worker.execution``). Not translated, with the reason: sensors, deferrable
-    operators (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
+    (``bridge.worker.execution``); sensors with a ``poke`` of their own, which the workflow pokes
+    between durable timers (``bridge.worker.workflows.sense``; deferrable ones too). Not
+    translated, with the reason: sensors without a ``poke`` of their own, deferrable operators
+    (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
     code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
     ``airflow.models``), operators that cannot be copied, mapped operators without a Python
     callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
