@@ -14,6 +14,7 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
+from temporalio.worker import Replayer
 
 from airflow_plugins.lease import LeaseStore
 from bridge.config import BridgeConfig
@@ -21,6 +22,7 @@ from bridge.in_airflow.translate import translate
 from bridge.sensor_wait import next_poke_s
 from bridge.spec import DagRunInput, SensorSpec
 from bridge.worker.catalog import TaskCatalog
+from bridge.worker.lanes import WORKFLOWS
 from bridge.worker.workflows import DagRunWorkflow
 from tests.bridge.conftest import running_worker
 from tests.bridge.test_corpus_truth import _result_of
@@ -59,7 +61,11 @@ def run_sensors(
             result = await _result_of(client, wid)
             with contextlib.suppress(WorkflowFailureError):
                 await handle.result()
-            events = (await handle.fetch_history()).events
+            history = await handle.fetch_history()
+            # the waits replay: the sensor loop is deterministic workflow code
+            replayed = await Replayer(workflows=WORKFLOWS).replay_workflow(history)
+            assert replayed.replay_failure is None, replayed.replay_failure
+            events = history.events
         pokes: dict[str, int] = {}
         for event in events:
             if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
