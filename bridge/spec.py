@@ -41,6 +41,31 @@ class RetrySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SensorSpec:
+    """How a sensor waits: the workflow pokes it, then sleeps on a durable timer between pokes.
+
+    Attributes:
+        poke_interval_s: the wait between two pokes.
+        timeout_s: workflow time from the first poke after which a poke that did not fire times
+            the sensor out (failed, or skipped with ``soft_fail``).
+        soft_fail: a timeout or an ``AirflowFailException`` skips the task instead of failing it.
+        never_fail: any error of a poke skips the task.
+        exponential_backoff: the wait grows as ``BaseSensorOperator``'s does (with its jitter).
+        max_wait_s: the longest wait between pokes under exponential backoff.
+        deferrable: the first poke runs the operator's ``execute`` (which defers in Airflow);
+            its deferral says what to wait for (a moment, or the same condition, polled).
+    """
+
+    poke_interval_s: float = 60.0
+    timeout_s: float = 7 * 86400.0
+    soft_fail: bool = False
+    never_fail: bool = False
+    exponential_backoff: bool = False
+    max_wait_s: float | None = None
+    deferrable: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """One task of the graph.
 
@@ -66,6 +91,8 @@ class TaskSpec:
         heartbeat_s: heartbeat timeout: a silent worker is presumed dead after this long.
         lease_ttl_s: the task's lease TTL (renewed while it runs).
         retry: the retry policy.
+        sensor: for a sensor, how it waits (``bridge.worker.workflows``: a poke activity, then
+            durable timers); None for any other task.
     """
 
     task_id: str
@@ -87,6 +114,7 @@ class TaskSpec:
     heartbeat_s: float = 30.0
     lease_ttl_s: float = 60.0
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
+    sensor: SensorSpec | None = None
 
 
 # Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
@@ -210,6 +238,36 @@ class TaskResult:
     holder: str | None = None
     xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
     skip: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PokeInput:
+    """One poke of a sensor: ``execute`` for a deferrable sensor's first, ``poke`` otherwise."""
+
+    task: TaskInput
+    execute: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PokeResult:
+    """What one poke found.
+
+    Attributes:
+        status: ``fired`` (the condition holds), ``waiting`` (poke again later), ``skipped``
+            (``AirflowSkipException``, or an error under ``soft_fail`` / ``never_fail``),
+            ``deferred`` (a deferrable sensor's ``execute`` deferred).
+        result: a fired sensor's return value (a ``PokeReturnValue``'s ``xcom_value``).
+        xcoms: the XComs other than the return value it pushed.
+        until: for ``deferred`` on a time trigger, the moment it waits for (ISO, UTC); None:
+            it waits on its condition, polled with ``poke``.
+        timeout_s: for ``deferred``, the deferral's timeout (None: none, as in Airflow).
+    """
+
+    status: str
+    result: Any = None
+    xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    until: str | None = None
+    timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """What Airflow does around a task, or how it runs it, that the bridge worker does not do.
 
-The kinds of task the worker cannot run the same (sensors, deferrables, LatestOnly, cross-DAG
-operators, setup/teardown, trigger rules it does not decide), what Airflow runs around a task's code
-(pre/post-execute hooks, callbacks, depends_on_past) and callables Airflow runs somewhere other
-than in-process (``@task.bash``, ``@task.virtualenv``, ...). ``translate`` refuses them by name;
-``code_use`` reads what the code itself uses.
+The kinds of task the worker cannot run the same (sensors without a poke, deferrables,
+LatestOnly, cross-DAG operators, setup/teardown, trigger rules it does not decide), what Airflow
+runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and callables
+Airflow runs somewhere other than in-process (``@task.bash``, ``@task.virtualenv``, ...).
+``translate`` refuses them by name; ``code_use`` reads what the code itself uses.
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
         NotTranslatable: with the construct and the reason.
     """
     names = class_names(task)
-    if "BaseSensorOperator" in names:
+    if names & _CROSS_DAG:
         raise NotTranslatable(
-            "a sensor waits in Airflow's poke/reschedule loop; replace it with a polling "
-            "activity or a signal to the workflow",
-            "sensor",
+            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)", "cross-DAG"
         )
-    if getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
+    if "BaseSensorOperator" in names:
+        _refuse_sensor(task)
+    elif getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
         raise NotTranslatable(
             "deferrable: it waits on an Airflow trigger, which Temporal lacks", "deferrable"
         )
@@ -70,10 +70,6 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
             "interval, which a bridge run does not have",
             "latest only",
         )
-    if names & _CROSS_DAG:
-        raise NotTranslatable(
-            "cross-DAG operator: keep the chain in Airflow (see MIGRATION.md, chains)", "cross-DAG"
-        )
     if getattr(task, "is_setup", False) or getattr(task, "is_teardown", False):
         raise NotTranslatable(
             "a setup/teardown task: the workflow has no setup/teardown scope", "setup/teardown"
@@ -82,6 +78,30 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
     if rule not in RULES:
         raise NotTranslatable(f"trigger rule {rule!r} is not translated", "trigger rule")
     _refuse_semantics(task, partial)
+
+
+def _refuse_sensor(task: Any) -> None:
+    """A sensor the workflow cannot wait for: one without a condition of its own to poke, one
+    Airflow starts from its trigger, a mapped one."""
+    if is_mapped(task):
+        raise NotTranslatable(
+            "a mapped sensor: the workflow waits for single sensors only", "mapped sensor"
+        )
+    if getattr(task, "start_from_trigger", False):
+        raise NotTranslatable(
+            "start_from_trigger: Airflow runs only its trigger, in the triggerer, which "
+            "Temporal lacks",
+            "deferrable",
+        )
+    own_poke = any(
+        "poke" in vars(c) for c in type(task).__mro__ if c.__name__ != "BaseSensorOperator"
+    )
+    if not own_poke:
+        raise NotTranslatable(
+            f"a sensor without a poke of its own ({type(task).__name__} waits in its execute or "
+            "its trigger): the workflow has no condition to poke between its timers",
+            "sensor",
+        )
 
 
 def trigger_rule(task: Any) -> str:

@@ -40,6 +40,7 @@ from bridge.spec import (
     UPSTREAM_MARKER,
     DagSpec,
     RetrySpec,
+    SensorSpec,
     TaskKind,
     TaskSpec,
 )
@@ -200,8 +201,10 @@ def task_spec(
     of these expanded over one upstream task's list, and any other operator whose
     ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
     rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
-    (``bridge.worker.execution``). Not translated, with the reason: sensors, deferrable
-    operators (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
+    (``bridge.worker.execution``); sensors with a ``poke`` of their own, which the workflow pokes
+    between durable timers (``bridge.worker.workflows.sense``; deferrable ones too). Not
+    translated, with the reason: sensors without a ``poke`` of their own, deferrable operators
+    (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
     code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
     ``airflow.models``), operators that cannot be copied, mapped operators without a Python
     callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
@@ -224,6 +227,8 @@ def task_spec(
     common = _common(task, partial)
     if "EmptyOperator" in names:
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
+    if "BaseSensorOperator" in names:
+        return _sensor_spec(task, fn, names, side_effect_free, common)
     if fn is None or (names & SKIPPING and not mapped):
         # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
@@ -283,11 +288,49 @@ def _uncarried(use: Use) -> Use:
     )
 
 
+def _sensor_spec(
+    task: Any, fn: Any, names: set[str], side_effect_free: bool, common: dict[str, Any]
+) -> TaskSpec:
+    """A sensor: the workflow pokes it in an activity and waits on durable timers between
+    pokes (``bridge.worker.workflows.sense``); its ``poke`` runs on the rebuilt operator with the
+    worker's context, as ``execute`` would. A deferrable one's first poke is its ``execute``."""
+    spec = _operator_spec(task, names, False, side_effect_free, common, sensor=True)
+    if fn is not None:  # PythonSensor, @task.sensor: its callable gets the context by name
+        ancestors = spec.upstream
+        args = list(getattr(task, "op_args", None) or ())
+        kwargs = dict(getattr(task, "op_kwargs", None) or {})
+        params = list(inspect.signature(fn).parameters)
+        passed = {*kwargs, *params[: len(args)]}
+        uses = callable_uses(fn, passed=passed, wired=ancestors, task_id=task.task_id)
+        refused = [u for u in uses if not u.carried]
+        if refused:
+            raise NotTranslatable(refused[0].reason, uses=refused)
+    flag = getattr(task, "deferrable", None)
+    max_wait = getattr(task, "max_wait", None)
+    sensor = SensorSpec(
+        poke_interval_s=float(task.poke_interval),
+        timeout_s=float(task.timeout),
+        soft_fail=bool(task.soft_fail),
+        never_fail=bool(getattr(task, "never_fail", False)),
+        exponential_backoff=bool(task.exponential_backoff),
+        max_wait_s=_seconds(max_wait) if max_wait is not None else None,
+        deferrable=_class_defers(task) if flag is None else bool(flag),
+    )
+    return dataclasses.replace(spec, sensor=sensor)
+
+
 def _operator_spec(
-    task: Any, names: set[str], mapped: bool, side_effect_free: bool, common: dict[str, Any]
+    task: Any,
+    names: set[str],
+    mapped: bool,
+    side_effect_free: bool,
+    common: dict[str, Any],
+    *,
+    sensor: bool = False,
 ) -> TaskSpec:
     """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
-    folder and rendering its templated fields (``bridge.worker.execution``)."""
+    folder and rendering its templated fields (``bridge.worker.execution``). A ``sensor``'s
+    code may defer: the workflow carries its deferral."""
     if mapped:
         raise NotTranslatable(
             "a mapped operator without a Python callable: map a @task over the list instead",
@@ -306,7 +349,7 @@ def _operator_spec(
             continue
         # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
         # asked to; one without the flag may defer whenever its code says so
-        if _DEFERS in source and not hasattr(task, "deferrable"):
+        if _DEFERS in source and not hasattr(task, "deferrable") and not sensor:
             raise NotTranslatable(
                 f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger",
                 "deferrable",
@@ -337,6 +380,19 @@ def _operator_spec(
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
+
+
+def _class_defers(task: Any) -> bool:
+    """True when the code of a task's class (not Airflow's own) calls ``.defer(``."""
+    for cls in type(task).__mro__:
+        if cls.__module__.startswith(_NOT_SCANNED):
+            continue
+        try:
+            if _DEFERS in inspect.getsource(cls):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
 
 
 def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:

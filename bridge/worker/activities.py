@@ -35,13 +35,22 @@ from bridge.comparison import CompareInput, Comparison, compare_run, record_prim
 from bridge.cutover import ModeStore
 from bridge.graph import substitute
 from bridge.identity import run_key, task_lease_key
-from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
+from bridge.spec import (
+    DagRunResult,
+    PokeInput,
+    PokeResult,
+    RunMode,
+    TaskInput,
+    TaskKind,
+    TaskResult,
+)
 from bridge.worker import shadow_record, xcom_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.worker.egress import ShadowEgressRefused, allowed_addresses, no_egress
 from bridge.worker.execution import business_run, run_operator, template_context
+from bridge.worker.sensing import poke_once
 
 #: Error types the workflow's retry policy never retries: retrying cannot fix them.
 NON_RETRYABLE = ("TaskCodeNotFound", "InvalidInput", "LeaseRefused")
@@ -233,8 +242,18 @@ class BridgeActivities:
         """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
         task state as its ``task_state_store`` (a durable operator's job is submitted once per
         business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
-        from airflow_plugins.protection.task_identity import dag_period, dag_timezone
         from airflow_plugins.protection.task_state_store import installed
+
+        task, context = self._operator_context(inp)
+        try:
+            with installed(task, context, fence):
+                return run_operator(task, context)
+        finally:
+            pushed.update(context["ti"].pushed)
+
+    def _operator_context(self, inp: TaskInput) -> tuple[Any, dict[str, Any]]:
+        """The operator rebuilt from the DAG folder, and the context its ``execute`` reads."""
+        from airflow_plugins.protection.task_identity import dag_period, dag_timezone
 
         info = activity.info()
         task = self.catalog.operator(inp.dag_id, inp.task.task_id)
@@ -256,11 +275,22 @@ class BridgeActivities:
             ds=ds,
             upstream_xcoms=inp.upstream_xcoms,
         )
+        return task, context
+
+    @activity.defn(name="bridge.poke_sensor")
+    def poke_sensor(self, inp: PokeInput) -> PokeResult:
+        """Pokes a sensor once (``bridge.worker.sensing``); the workflow waits between pokes.
+
+        No lease: a poke only reads its condition, and a sensor that fired is not run again in
+        the same workflow (a rerun pokes again, as a cleared sensor does in Airflow).
+        """
         try:
-            with installed(task, context, fence):
-                return run_operator(task, context)
-        finally:
-            pushed.update(context["ti"].pushed)
+            task, context = self._operator_context(inp.task)
+            return poke_once(task, context, execute=inp.execute)
+        except ApplicationError:
+            raise
+        except BaseException as exc:
+            raise _as_application_error(exc) from exc
 
     @activity.defn(name="bridge.compare_run")
     def compare_run(self, inp: CompareInput) -> Comparison:
@@ -306,7 +336,13 @@ class BridgeActivities:
 
     def all(self) -> list[Any]:
         """Every activity of this object, for a Worker."""
-        return [self.run_task, self.compare_run, self.finish_run, self.fixed_mode]
+        return [
+            self.run_task,
+            self.poke_sensor,
+            self.compare_run,
+            self.finish_run,
+            self.fixed_mode,
+        ]
 
 
 class _Heartbeat:

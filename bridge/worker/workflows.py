@@ -8,7 +8,7 @@ child workflows of at most ``chunk_size`` items so no history nears Temporal's e
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -27,11 +27,14 @@ with workflow.unsafe.imports_passed_through():
     from bridge.comparison import CompareInput
     from bridge.graph import graph_problems, referenced, shadow_refusals, topological
     from bridge.identity import map_items, tick_business_date, workflow_id
+    from bridge.sensor_wait import next_poke_s
     from bridge.spec import (
         DagRunInput,
         DagRunResult,
         MappedChunkInput,
         MappedChunkResult,
+        PokeInput,
+        PokeResult,
         RunMode,
         ScheduledRunInput,
         TaskInput,
@@ -74,6 +77,75 @@ async def run_activity(inp: TaskInput) -> TaskResult:
         if result.status not in ("held", "unavailable"):
             return result
         await workflow.sleep(timedelta(seconds=result.wait_s))
+
+
+def _poke_options(task: TaskSpec) -> dict[str, Any]:
+    """A poke: the task's attempt timeout and retries, no heartbeat (it is short)."""
+    options = _options(task)
+    del options["heartbeat_timeout"]
+    return options
+
+
+async def sense(inp: TaskInput) -> TaskOutcome:
+    """Runs a sensor as ``BaseSensorOperator`` does, its waits as durable timers.
+
+    Pokes it (an activity), and while it has not fired sleeps its poke interval (with its
+    exponential backoff) on a workflow timer, until it fires (succeeded, its ``xcom_value`` the
+    result), skips, or has not fired ``timeout`` after the first poke in workflow time (failed,
+    or skipped with ``soft_fail``). Poke and reschedule modes wait alike. A deferrable
+    sensor's first poke is its ``execute``: a deferral to a moment is one timer to it (failing
+    at the deferral's timeout first, if any), any other deferral polls ``poke`` as above.
+    """
+    task = inp.task
+    sensor = task.sensor
+    assert sensor is not None
+    started = workflow.now()
+    timeout_s: float | None = sensor.timeout_s
+    execute, pokes = sensor.deferrable, 1
+    while True:
+        try:
+            got: PokeResult = await workflow.execute_activity_method(
+                BridgeActivities.poke_sensor, PokeInput(inp, execute), **_poke_options(task)
+            )
+        except ActivityError as exc:
+            _reraise_cancellation(exc)
+            return TaskOutcome("failed", error=_error(exc))
+        if got.status == "fired":
+            return TaskOutcome("succeeded", got.result, xcoms=got.xcoms)
+        if got.status == SKIPPED:
+            return TaskOutcome(SKIPPED)
+        if got.status == "deferred":
+            started, timeout_s, execute = workflow.now(), got.timeout_s, False
+            if got.until is not None:
+                return await _sleep_until(sensor.soft_fail or sensor.never_fail, got)
+        elapsed = (workflow.now() - started).total_seconds()
+        if timeout_s is not None and elapsed > timeout_s:
+            return _timed_out(sensor.soft_fail or sensor.never_fail, elapsed, timeout_s)
+        wait = next_poke_s(sensor, inp.dag_id, task.task_id, started.isoformat(), elapsed, pokes)
+        await workflow.sleep(timedelta(seconds=wait))
+        pokes += 1
+
+
+async def _sleep_until(skips: bool, got: PokeResult) -> TaskOutcome:
+    """A deferral to a moment: one durable timer to it, or to its timeout when that is first."""
+    assert got.until is not None
+    wait = (datetime.fromisoformat(got.until) - workflow.now()).total_seconds()
+    if got.timeout_s is not None and got.timeout_s < wait:
+        await workflow.sleep(timedelta(seconds=got.timeout_s))
+        return _timed_out(skips, got.timeout_s, got.timeout_s)
+    if wait > 0:
+        await workflow.sleep(timedelta(seconds=wait))
+    return TaskOutcome("succeeded")  # what the time sensors' execute_complete returns
+
+
+def _timed_out(skips: bool, elapsed: float, timeout_s: float) -> TaskOutcome:
+    if skips:
+        return TaskOutcome(SKIPPED)
+    return TaskOutcome(
+        "failed",
+        error=f"Sensor has timed out; run duration of {elapsed} seconds exceeds the specified "
+        f"timeout of {timeout_s}.",
+    )
 
 
 def _reraise_cancellation(exc: BaseException) -> None:
@@ -232,6 +304,8 @@ class DagRunWorkflow:
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])
+        if task.sensor is not None:
+            return await sense(template)
         try:
             done = await run_activity(template)
         except ActivityError as exc:

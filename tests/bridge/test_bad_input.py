@@ -13,7 +13,7 @@ import pytest
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.python import BranchPythonOperator
-from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor
+from airflow.providers.standard.sensors.time_delta import WaitSensor
 from airflow.sdk import DAG, task
 
 from airflow_plugins.lease import LeaseStore
@@ -40,7 +40,7 @@ def test_untranslatable_dag_is_reported_by_task_name_with_the_reason() -> None:
         def extract() -> list[str]:
             return ["a"]
 
-        wait = TimeDeltaSensor(task_id="wait_for_file", delta=timedelta(minutes=1))
+        wait = WaitSensor(task_id="wait_for_file", time_to_wait=timedelta(minutes=1))
         branch = BranchPythonOperator(task_id="pick", python_callable=lambda: "load")
         bash = BashOperator(task_id="load", bash_command="echo {{ ds }}")
         done = EmptyOperator(task_id="done", trigger_rule="all_done")
@@ -55,7 +55,7 @@ def test_untranslatable_dag_is_reported_by_task_name_with_the_reason() -> None:
     assert "sensor" in reasons["wait_for_file"]
     report = str(UntranslatableDag(translation))
     assert report.startswith("mixed: NOT translatable")
-    assert "wait_for_file (TimeDeltaSensor)" in report
+    assert "wait_for_file (WaitSensor)" in report
 
 
 def test_broken_graph_is_refused_before_anything_starts(

@@ -3,7 +3,8 @@
 The worker rebuilds a BashOperator from its DAG folder, renders ``{{ ds }}``, params and
 ``ti.xcom_pull`` with the task SDK's renderer, runs ``execute`` and returns its output as the
 task's result; a downstream operator reads it through XCom (a template and an XComArg).
-Sensors, deferrable operators and operators reaching Airflow's metadata DB stay reported.
+Sensors without a poke of their own, deferrable operators and operators reaching Airflow's
+metadata DB stay reported.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import psycopg
 import pytest
 from airflow.providers.common.sql.operators.sql import SQLExecuteQueryOperator
 from airflow.providers.standard.operators.bash import BashOperator
-from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor
+from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor, WaitSensor
 from airflow.sdk import DAG, BaseOperator
 from temporalio.client import WorkflowFailureError
 
@@ -116,7 +117,8 @@ def test_operators_translate_and_sensors_deferrables_and_orm_users_are_reported(
     with DAG("ops", schedule="0 2 * * *", start_date=pendulum.datetime(2024, 1, 1)) as dag:
         load = BashOperator(task_id="load", bash_command="echo {{ ds }}")
         sql = SQLExecuteQueryOperator(task_id="sql", conn_id="billing_db", sql="SELECT 1")
-        wait = TimeDeltaSensor(task_id="wait_for_file", delta=timedelta(minutes=1))
+        # a sensor with no poke of its own: it waits in its execute (sensors with one translate)
+        wait = WaitSensor(task_id="wait_for_file", time_to_wait=timedelta(minutes=1))
         later = _Deferring(task_id="later")
         asked = _MaybeDeferring(task_id="asked", deferrable=True)
         meta = _ReadsMetadata(task_id="meta")
@@ -140,7 +142,8 @@ def test_operators_translate_and_sensors_deferrables_and_orm_users_are_reported(
         sql = SQLExecuteQueryOperator(task_id="sql", conn_id="billing_db", sql="SELECT 1")
         check = BashOperator(task_id="check", bash_command="echo {{ ti.xcom_pull('load') }}")
         sync = _MaybeDeferring(task_id="sync")  # its deferrable flag is off: runs in a worker
-        load >> sql >> check >> sync
+        wait = TimeDeltaSensor(task_id="wait", delta=timedelta(minutes=1), poke_interval=5)
+        load >> sql >> check >> sync >> wait
     spec = translate(ok).spec
     assert spec is not None
     assert {t.task_id: t.kind for t in spec.tasks} == {
@@ -148,12 +151,19 @@ def test_operators_translate_and_sensors_deferrables_and_orm_users_are_reported(
         "sql": TaskKind.EXECUTE,
         "check": TaskKind.EXECUTE,
         "sync": TaskKind.EXECUTE,
+        "wait": TaskKind.EXECUTE,
     }
+    # a sensor with a poke of its own is poked by the workflow, between durable timers
+    wait_spec = spec.task("wait").sensor
+    assert wait_spec is not None
+    assert (wait_spec.poke_interval_s, wait_spec.deferrable) == (5.0, False)
+    assert spec.task("load").sensor is None
     assert spec.task("sql").upstream == ("load",)
     # an operator may pull any earlier task's XCom: every ancestor's result is passed to it
     assert spec.task("check").upstream == ("load", "sql")
     # writes outside a fence and not declared side-effect-free: refused for shadow, by name
-    assert [r.split(":")[0] for r in shadow_refusals(spec)] == ["load", "sql", "check", "sync"]
+    refused = [r.split(":")[0] for r in shadow_refusals(spec)]
+    assert refused == ["load", "sql", "check", "sync", "wait"]
 
 
 def test_operators_run_once_with_rendered_templates_and_upstream_xcom(

@@ -5,6 +5,8 @@ decides them without running anything). Run in Airflow and through the bridge by
 
 from __future__ import annotations
 
+import time
+
 import pendulum
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
@@ -25,6 +27,9 @@ with DAG(
 
     @task
     def skips() -> None:
+        # after ``fails`` has failed: Airflow decides all_success as soon as one upstream
+        # skipped (skipped), the workflow once all are done (a failure first: upstream_failed)
+        time.sleep(5)
         raise AirflowSkipException("this upstream skips on purpose")
 
     ups = {"ok": EmptyOperator(task_id="ok"), "bad": fails(), "skip": skips()}
