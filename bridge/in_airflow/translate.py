@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
 from bridge.in_airflow.code_use import (
+    ASYNC,
     RETURN_KEY,
     Use,
     callable_uses,
@@ -250,7 +251,11 @@ def task_spec(
         uses += exc.uses
     refused = [u for u in uses if not u.carried]
     if "fence" in params or mapped:
-        refused = [u if not u.carried else _uncarried(u) for u in uses]
+        # a mapped callable's coroutine the activity runs to completion (bridge.worker.activities)
+        awaited = {ASYNC} if "fence" not in params else set()
+        refused = [
+            u if not u.carried else _uncarried(u) for u in uses if u.construct not in awaited
+        ]
     elif uses and not refused:
         # it reads the context or XCom keys: run it as Airflow does, through its operator's
         # execute with the worker's context (which renders its templated arguments too)

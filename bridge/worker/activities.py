@@ -8,6 +8,7 @@ durable timer and calls again, so waiting holds no worker slot and uses up no at
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -38,6 +39,8 @@ from bridge.identity import run_key, task_lease_key
 from bridge.spec import DagRunResult, RunMode, TaskInput, TaskKind, TaskResult
 from bridge.worker import shadow_record, xcom_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
+from bridge.worker.asset_state import CONTEXT_KEY as ASSET_STATE
+from bridge.worker.asset_state import asset_state_stores
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.worker.egress import ShadowEgressRefused, allowed_addresses, no_egress
@@ -220,7 +223,10 @@ class BridgeActivities:
         if spec.map_over is not None:
             kwargs[spec.map_arg] = inp.map_value
         if not spec.fenced:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):  # an async (mapped) callable: run to completion
+                return asyncio.run(result)
+            return result
         # as the Airflow operator calls it: the fence first when it is the first parameter
         params = list(inspect.signature(fn).parameters.values())
         if params and params[0].name == "fence" and params[0].kind in _POSITIONAL:
@@ -230,7 +236,8 @@ class BridgeActivities:
     def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
         """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
         task state as its ``task_state_store`` (a durable operator's job is submitted once per
-        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
+        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``) and the
+        bridge's asset state as its ``asset_state_store`` (``bridge.worker.asset_state``)."""
         from airflow_plugins.protection.task_identity import dag_period, dag_timezone
         from airflow_plugins.protection.task_state_store import installed
 
@@ -252,6 +259,9 @@ class BridgeActivities:
             ds=ds,
             upstream_xcoms=inp.upstream_xcoms,
         )
+        assets = asset_state_stores(self.store, task, mode=inp.mode, run_id=run.run_id)
+        if assets is not None:  # as Airflow: only for a task with a concrete asset
+            context[ASSET_STATE] = assets
         try:
             with installed(task, context, fence):
                 return run_operator(task, context)
