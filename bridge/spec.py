@@ -66,6 +66,8 @@ class TaskSpec:
         heartbeat_s: heartbeat timeout: a silent worker is presumed dead after this long.
         lease_ttl_s: the task's lease TTL (renewed while it runs).
         retry: the retry policy.
+        context_args: the context arguments (``ti``, ``task_state_store``, ...) a mapped
+            callable takes, which the worker passes each item as Airflow's task runner does.
     """
 
     task_id: str
@@ -87,6 +89,7 @@ class TaskSpec:
     heartbeat_s: float = 30.0
     lease_ttl_s: float = 60.0
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
+    context_args: tuple[str, ...] = ()
 
 
 # Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
@@ -171,6 +174,8 @@ class TaskInput:
     map_value: Any = None
     #: the XComs other than the return value its upstream tasks pushed: task id -> key -> value
     upstream_xcoms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: a mapped item's position in its task's list (Airflow's ``map_index``); -1 unmapped
+    map_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +247,8 @@ class MappedChunkInput:
     template: TaskInput
     items: tuple[tuple[str, Any], ...]
     concurrency: int = 50
+    #: the position of its first item in the task's list (their ``map_index`` counts from it)
+    offset: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

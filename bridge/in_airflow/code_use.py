@@ -45,6 +45,11 @@ _NOT_CARRIED = frozenset({"inlet_events", "triggering_asset_events"})
 _STATE = frozenset({"task_state_store", "asset_state_store", "test_mode"})
 #: The context arguments the worker gives a callable it runs through its operator's execute.
 CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"} | _STATE
+#: The context arguments the worker passes each item of a mapped callable (it is called with
+#: its arguments, not through its operator: no ``templates_dict`` to render).
+MAPPED_CONTEXT = CARRIED_CONTEXT - {"templates_dict"}
+#: The construct of a context argument a callable takes.
+CONTEXT_ARGUMENT = "context argument"
 _PARTITION = {"partition_key", "partition_date"}
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
 _SKIPS = {
@@ -109,7 +114,7 @@ def callable_uses(
             uses += _context_reads(fn, param.name)
         elif param.name in INJECTED and param.name not in passed:
             if param.name in CARRIED_CONTEXT:
-                uses.append(Use("context argument", param.name, carried=True))
+                uses.append(Use(CONTEXT_ARGUMENT, param.name, carried=True))
             else:
                 uses.append(
                     Use(

@@ -32,6 +32,7 @@ from airflow_plugins.lease.errors import (
 from airflow_plugins.lease.fence import Fence, FenceStopped
 from airflow_plugins.lease.keys import first_day
 from airflow_plugins.lease.run import ResultNotRecorded, run_under_lease
+from airflow_plugins.protection.task_state_store import installed as installed_task_state
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
 from bridge.graph import substitute
@@ -223,23 +224,35 @@ class BridgeActivities:
         if spec.map_over is not None:
             kwargs[spec.map_arg] = inp.map_value
         if not spec.fenced:
-            result = fn(*args, **kwargs)
-            if inspect.iscoroutine(result):  # an async (mapped) callable: run to completion
-                return asyncio.run(result)
-            return result
+            with self._item_context(inp, fence, kwargs):
+                result = fn(*args, **kwargs)
+                if inspect.iscoroutine(result):  # an async (mapped) callable: run to completion
+                    return asyncio.run(result)
+                return result
         # as the Airflow operator calls it: the fence first when it is the first parameter
         params = list(inspect.signature(fn).parameters.values())
         if params and params[0].name == "fence" and params[0].kind in _POSITIONAL:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
 
-    def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
-        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
-        task state as its ``task_state_store`` (a durable operator's job is submitted once per
-        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``) and the
-        bridge's asset state as its ``asset_state_store`` (``bridge.worker.asset_state``)."""
+    @contextlib.contextmanager
+    def _item_context(self, inp: TaskInput, fence: Fence, kwargs: dict[str, Any]) -> Iterator[None]:
+        """The context arguments a mapped callable takes (``spec.context_args``) in ``kwargs``,
+        from the worker's context for this item (its ``ti.map_index``, the lease's task state
+        for the item); one the context lacks keeps its default, as in Airflow."""
+        if not inp.task.context_args:
+            yield
+            return
+        context = self._context(inp)
+        context["ti"].map_index = inp.map_index
+        with installed_task_state(context["task"], context, fence):
+            kwargs.update({n: context[n] for n in inp.task.context_args if n in context})
+            yield
+
+    def _context(self, inp: TaskInput) -> dict[str, Any]:
+        """The worker's context for one task of the run (``template_context``), with its
+        asset state store when it has a concrete asset (as Airflow)."""
         from airflow_plugins.protection.task_identity import dag_period, dag_timezone
-        from airflow_plugins.protection.task_state_store import installed
 
         info = activity.info()
         task = self.catalog.operator(inp.dag_id, inp.task.task_id)
@@ -262,8 +275,17 @@ class BridgeActivities:
         assets = asset_state_stores(self.store, task, mode=inp.mode, run_id=run.run_id)
         if assets is not None:  # as Airflow: only for a task with a concrete asset
             context[ASSET_STATE] = assets
+        return context
+
+    def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
+        """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
+        task state as its ``task_state_store`` (a durable operator's job is submitted once per
+        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``) and the
+        bridge's asset state as its ``asset_state_store`` (``bridge.worker.asset_state``)."""
+        context = self._context(inp)
+        task = context["task"]
         try:
-            with installed(task, context, fence):
+            with installed_task_state(task, context, fence):
                 return run_operator(task, context)
         finally:
             pushed.update(context["ti"].pushed)

@@ -93,11 +93,13 @@ FAST = (
     "asset_produces_1",
     "example_display_name",
 )
-#: The example DAGs whose tasks take Airflow 3.3's state stores, an ``async def`` callable or
-#: ``test_mode`` (``tests/bridge/test_task_context.py`` has their semantics one by one).
+#: The example DAGs whose tasks take Airflow 3.3's state stores (one of them mapped), an
+#: ``async def`` callable or ``test_mode`` (``tests/bridge/test_task_context.py`` has their
+#: semantics one by one).
 CONTEXT = (
     "example_task_state_store",
     "example_task_state_store_async",
+    "example_task_state_store_mapped",
     "example_asset_state_store_producer",
     "example_asset_state_store_consumer",
     "example_passing_params_via_test_command",
@@ -112,6 +114,7 @@ VOLATILE = {
     "example_bash_decorator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
     "example_task_state_store.run_job": "returns a random row count (random.randint)",
     "example_asset_state_store_producer.load": "returns a random record count (random.randint)",
+    "example_task_state_store_mapped.process_table": "returns a random row count and the time",
 }
 #: Translatable DAGs this Airflow stack cannot load, by name with the reason (not compared).
 AIRFLOW_CANNOT_LOAD = {

@@ -99,6 +99,21 @@ with DAG("{p}_mapped_async", schedule=None, start_date=START, catchup=False):
         return page * 100
 
     fetch.expand(page=pages())
+
+with DAG("{p}_mapped_state", schedule=None, start_date=START, catchup=False):
+
+    @task
+    def tables():
+        return ["orders", "customers", "products"]
+
+    @task(retries=1, retry_delay=timedelta(seconds=1))
+    def process(table, task_state_store=None, ti=None):
+        if table == "customers" and ti.try_number == 1:
+            task_state_store.set("half_done", table)
+            raise RuntimeError("lost the worker half way")
+        return {{"map_index": ti.map_index, "half_done": task_state_store.get("half_done")}}
+
+    process.expand(table=tables())
 """
 
 
@@ -234,3 +249,31 @@ def test_a_mapped_async_callable_is_awaited_per_item(
     result = asyncio.run(scenario())
     assert result.status == "success"
     assert _outcome(result, "fetch") == ("succeeded", {"1": 100, "2": 200, "3": 300})
+
+
+def test_a_mapped_callable_gets_its_items_map_index_and_task_state(
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+    dags: tuple[str, dict[str, Any], TaskCatalog],
+) -> None:
+    prefix, bag, catalog = dags
+    spec = translate(bag[f"{prefix}_mapped_state"]).spec
+    assert spec is not None
+    assert spec.task("process").context_args == ("task_state_store", "ti")
+
+    async def scenario() -> DagRunResult:
+        async with running_worker(config, lease_store, catalog) as client:
+            return await _run(
+                client, config, bag[f"{prefix}_mapped_state"], _day(1), RunMode.PRIMARY
+            )
+
+    result = asyncio.run(scenario())
+    # each item has its own state (as Airflow's per map_index), kept across its tries
+    assert _outcome(result, "process") == (
+        "succeeded",
+        {
+            "orders": {"map_index": 0, "half_done": None},
+            "customers": {"map_index": 1, "half_done": "customers"},
+            "products": {"map_index": 2, "half_done": None},
+        },
+    )
