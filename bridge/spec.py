@@ -93,6 +93,8 @@ class TaskSpec:
         retry: the retry policy.
         sensor: for a sensor, how it waits (``bridge.worker.workflows``: a poke activity, then
             durable timers); None for any other task.
+        context_args: the context arguments (``ti``, ``task_state_store``, ...) a mapped
+            callable takes, which the worker passes each item as Airflow's task runner does.
     """
 
     task_id: str
@@ -115,6 +117,7 @@ class TaskSpec:
     lease_ttl_s: float = 60.0
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
     sensor: SensorSpec | None = None
+    context_args: tuple[str, ...] = ()
 
 
 # Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
@@ -207,6 +210,8 @@ class TaskInput:
     #: the run's asset partition (``DagRunInput``'s)
     partition_key: str | None = None
     partition_date: str | None = None
+    #: a mapped item's position in its task's list (Airflow's ``map_index``); -1 unmapped
+    map_index: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +314,8 @@ class MappedChunkInput:
     template: TaskInput
     items: tuple[tuple[str, Any], ...]
     concurrency: int = 50
+    #: the position of its first item in the task's list (their ``map_index`` counts from it)
+    offset: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,8 @@ from typing import Any
 from airflow.sdk.definitions.context import Context
 
 RETURN_KEY = "return_value"
+#: The construct of an ``async def`` callable.
+ASYNC = "async def"
 #: What the task SDK injects into a callable by parameter name (the context's keys).
 INJECTED = frozenset(Context.__annotations__) | {"templates_dict"}
 #: The names the worker's template context holds (``template_context``'s keys).
@@ -37,8 +39,18 @@ WORKER_CONTEXT = frozenset(
 #: Airflow's API (``inlet_events``), which a worker does not reach, and a bridge run was
 #: triggered by no asset event (``triggering_asset_events``).
 _NOT_CARRIED = frozenset({"inlet_events", "triggering_asset_events"})
+#: What a callable run through its operator's execute is also given as in Airflow: the task's
+#: state (the lease's, ``airflow_plugins.protection.task_state_store``), its assets' state
+#: (``bridge.worker.asset_state``), and ``test_mode``, which Airflow's task runner leaves out of
+#: the context (the argument keeps its default, in the worker too).
+_STATE = frozenset({"task_state_store", "asset_state_store", "test_mode"})
 #: The context arguments the worker gives a callable it runs through its operator's execute.
-CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"}
+CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"} | _STATE
+#: The context arguments the worker passes each item of a mapped callable (it is called with
+#: its arguments, not through its operator: no ``templates_dict`` to render).
+MAPPED_CONTEXT = CARRIED_CONTEXT - {"templates_dict"}
+#: The construct of a context argument a callable takes.
+CONTEXT_ARGUMENT = "context argument"
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
 _SKIPS = {
     "AirflowSkipException": "skips itself: the workflow marks it skipped",
@@ -82,9 +94,10 @@ def callable_uses(
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         uses.append(
             Use(
-                "async def",
-                "an async callable: the worker calls it and never awaits the coroutine; make it "
-                "a plain def",
+                ASYNC,
+                "an async callable: its operator's execute runs the coroutine to completion in "
+                "an event loop, as Airflow's task runner does",
+                carried=True,
             )
         )
     if inspect.isgeneratorfunction(fn):
@@ -101,7 +114,7 @@ def callable_uses(
             uses += _context_reads(fn, param.name)
         elif param.name in INJECTED and param.name not in passed:
             if param.name in CARRIED_CONTEXT:
-                uses.append(Use("context argument", param.name, carried=True))
+                uses.append(Use(CONTEXT_ARGUMENT, param.name, carried=True))
             else:
                 uses.append(
                     Use(

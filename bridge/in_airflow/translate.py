@@ -20,6 +20,9 @@ from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
 from bridge.in_airflow.code_use import (
+    ASYNC,
+    CONTEXT_ARGUMENT,
+    MAPPED_CONTEXT,
     RETURN_KEY,
     Use,
     callable_uses,
@@ -213,7 +216,7 @@ def task_spec(
     callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere:
     ``@task.bash``, ``@task.virtualenv``, ...) or what the code uses that the worker does not
     give it (``bridge.in_airflow.code_use``: context arguments, XCom keys, skip exceptions,
-    ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
+    a fenced ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
 
     Raises:
         NotTranslatable: with the reason.
@@ -254,8 +257,23 @@ def task_spec(
     except NotTranslatable as exc:
         uses += exc.uses
     refused = [u for u in uses if not u.carried]
+    # a mapped callable is given its context arguments per item, and its coroutine is run to
+    # completion, by the activity (bridge.worker.activities); a fenced one keeps its arguments
+    context_args = (
+        tuple(p for p in params if p in MAPPED_CONTEXT and p not in passed)
+        if mapped and "fence" not in params
+        else ()
+    )
     if "fence" in params or mapped:
-        refused = [u if not u.carried else _uncarried(u) for u in uses]
+
+        def given(use: Use) -> bool:
+            if "fence" in params or not use.carried:
+                return False
+            return use.construct == ASYNC or (
+                use.construct == CONTEXT_ARGUMENT and use.reason in context_args
+            )
+
+        refused = [u if not u.carried else _uncarried(u) for u in uses if not given(u)]
     elif uses and not refused:
         # it reads the context or XCom keys: run it as Airflow does, through its operator's
         # execute with the worker's context (which renders its templated arguments too)
@@ -275,6 +293,7 @@ def task_spec(
         map_over=map_over,
         map_arg=map_arg,
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
+        context_args=context_args,
         **common,
     )
 

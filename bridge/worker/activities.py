@@ -8,6 +8,7 @@ durable timer and calls again, so waiting holds no worker slot and uses up no at
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -31,6 +32,7 @@ from airflow_plugins.lease.errors import (
 from airflow_plugins.lease.fence import Fence, FenceStopped
 from airflow_plugins.lease.keys import first_day
 from airflow_plugins.lease.run import ResultNotRecorded, run_under_lease
+from airflow_plugins.protection.task_state_store import installed as installed_task_state
 from bridge.comparison import CompareInput, Comparison, compare_run, record_primary
 from bridge.cutover import ModeStore
 from bridge.graph import substitute
@@ -46,6 +48,8 @@ from bridge.spec import (
 )
 from bridge.worker import shadow_record, xcom_record
 from bridge.worker.activity_fence import BridgeFence, sink_dsn
+from bridge.worker.asset_state import CONTEXT_KEY as ASSET_STATE
+from bridge.worker.asset_state import asset_state_stores
 from bridge.worker.attempt_watch import Attempt, AttemptWatch
 from bridge.worker.catalog import TaskCatalog, TaskCodeNotFound
 from bridge.worker.egress import ShadowEgressRefused, allowed_addresses, no_egress
@@ -231,28 +235,46 @@ class BridgeActivities:
         if spec.map_over is not None:
             kwargs[spec.map_arg] = inp.map_value
         if not spec.fenced:
-            return fn(*args, **kwargs)
+            with self._item_context(inp, fence, kwargs):
+                result = fn(*args, **kwargs)
+                if inspect.iscoroutine(result):  # an async (mapped) callable: run to completion
+                    return asyncio.run(result)
+                return result
         # as the Airflow operator calls it: the fence first when it is the first parameter
         params = list(inspect.signature(fn).parameters.values())
         if params and params[0].name == "fence" and params[0].kind in _POSITIONAL:
             return fn(fence, *args, **kwargs)
         return fn(*args, fence=fence, **kwargs)
 
+    @contextlib.contextmanager
+    def _item_context(self, inp: TaskInput, fence: Fence, kwargs: dict[str, Any]) -> Iterator[None]:
+        """The context arguments a mapped callable takes (``spec.context_args``) in ``kwargs``,
+        from the worker's context for this item (its ``ti.map_index``, the lease's task state
+        for the item); one the context lacks keeps its default, as in Airflow."""
+        if not inp.task.context_args:
+            yield
+            return
+        task, context = self._operator_context(inp)
+        context["ti"].map_index = inp.map_index
+        with installed_task_state(task, context, fence):
+            kwargs.update({n: context[n] for n in inp.task.context_args if n in context})
+            yield
+
     def _execute(self, inp: TaskInput, fence: Fence, pushed: dict[str, Any]) -> Any:
         """Runs an operator's ``execute`` rebuilt from the worker's DAG folder, with the lease's
         task state as its ``task_state_store`` (a durable operator's job is submitted once per
-        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``)."""
-        from airflow_plugins.protection.task_state_store import installed
-
+        business key, as in Airflow: ``airflow_plugins.protection.task_state_store``) and the
+        bridge's asset state as its ``asset_state_store`` (``bridge.worker.asset_state``)."""
         task, context = self._operator_context(inp)
         try:
-            with installed(task, context, fence):
+            with installed_task_state(task, context, fence):
                 return run_operator(task, context)
         finally:
             pushed.update(context["ti"].pushed)
 
     def _operator_context(self, inp: TaskInput) -> tuple[Any, dict[str, Any]]:
-        """The operator rebuilt from the DAG folder, and the context its ``execute`` reads."""
+        """The operator rebuilt from the DAG folder, and the context its ``execute`` reads, with
+        its asset state store when it has a concrete asset (as Airflow)."""
         from airflow_plugins.protection.task_identity import dag_period, dag_timezone
 
         info = activity.info()
@@ -275,6 +297,9 @@ class BridgeActivities:
             ds=ds,
             upstream_xcoms=inp.upstream_xcoms,
         )
+        assets = asset_state_stores(self.store, task, mode=inp.mode, run_id=run.run_id)
+        if assets is not None:  # as Airflow: only for a task with a concrete asset
+            context[ASSET_STATE] = assets
         return task, context
 
     @activity.defn(name="bridge.poke_sensor")

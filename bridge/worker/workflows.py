@@ -164,11 +164,11 @@ def _error(exc: BaseException) -> str:
 
 
 async def _run_items(
-    template: TaskInput, items: tuple[tuple[str, Any], ...], parallel: int
+    template: TaskInput, items: tuple[tuple[str, Any], ...], parallel: int, offset: int = 0
 ) -> list[TaskResult | BaseException]:
     gate = asyncio.Semaphore(parallel)
 
-    async def one(map_key: str, value: Any) -> TaskResult:
+    async def one(index: int, map_key: str, value: Any) -> TaskResult:
         async with gate:
             return await run_activity(
                 TaskInput(
@@ -182,10 +182,13 @@ async def _run_items(
                     upstream_xcoms=template.upstream_xcoms,
                     partition_key=template.partition_key,
                     partition_date=template.partition_date,
+                    map_index=offset + index,
                 )
             )
 
-    got = await asyncio.gather(*(one(k, v) for k, v in items), return_exceptions=True)
+    got = await asyncio.gather(
+        *(one(i, k, v) for i, (k, v) in enumerate(items)), return_exceptions=True
+    )
     for result in got:
         if isinstance(result, asyncio.CancelledError):
             raise result
@@ -201,7 +204,7 @@ class MappedChunkWorkflow:
     @workflow.run
     async def run(self, inp: MappedChunkInput) -> MappedChunkResult:
         """Runs the chunk's items; returns a result or an error text per item."""
-        got = await _run_items(inp.template, inp.items, inp.concurrency)
+        got = await _run_items(inp.template, inp.items, inp.concurrency, inp.offset)
         return MappedChunkResult(
             results=tuple(r if isinstance(r, TaskResult) else None for r in got),
             errors=tuple(_error(r) if isinstance(r, BaseException) else None for r in got),
@@ -345,7 +348,7 @@ class DagRunWorkflow:
         jobs = [
             workflow.execute_child_workflow(
                 MappedChunkWorkflow.run,
-                MappedChunkInput(template, items[i : i + size], PARALLEL_ITEMS),
+                MappedChunkInput(template, items[i : i + size], PARALLEL_ITEMS, offset=i),
                 id=f"{parent}/{template.task.task_id}/{i // size}",
             )
             for i in range(0, len(items), size)

@@ -98,6 +98,17 @@ FAST = (
     "ingest_region_stats",  # the asset partition (a runtime one), read from the context
     "aggregate_regional_sales",  # a composite key with a date: partition_date resolved
 )
+#: The example DAGs whose tasks take Airflow 3.3's state stores (one of them mapped), an
+#: ``async def`` callable or ``test_mode`` (``tests/bridge/test_task_context.py`` has their
+#: semantics one by one).
+CONTEXT = (
+    "example_task_state_store",
+    "example_task_state_store_async",
+    "example_task_state_store_mapped",
+    "example_asset_state_store_producer",
+    "example_asset_state_store_consumer",
+    "example_passing_params_via_test_command",
+)
 #: Task outputs that differ between any two runs, in Airflow too: their state is compared, their
 #: value is not (by task, with the reason).
 VOLATILE = {
@@ -107,6 +118,9 @@ VOLATILE = {
     "example_bash_decorator.describe_dag_folder": "prints the deployment's $AIRFLOW_HOME",
     "example_bash_decorator.show_dag_folder_stats": "prints the deployment's $AIRFLOW_HOME",
     "example_sensors.print_date_in_bash": "prints the wall clock (`date`)",
+    "example_task_state_store.run_job": "returns a random row count (random.randint)",
+    "example_asset_state_store_producer.load": "returns a random record count (random.randint)",
+    "example_task_state_store_mapped.process_table": "returns a random row count and the time",
 }
 #: Translatable DAGs this Airflow stack cannot load, by name with the reason (not compared).
 AIRFLOW_CANNOT_LOAD = {
@@ -314,6 +328,17 @@ def test_fast_subset_of_the_corpus_runs_the_same_in_airflow_and_the_bridge(
     missing = [d for d in FAST if d not in dags]
     assert not missing, f"the inventory no longer calls these translatable: {missing}"
     _check(airflow, config, lease_store, {**{d: dags[d] for d in FAST}, **dag_bag(SEMANTICS)})
+
+
+def test_the_context_examples_run_the_same_in_airflow_and_the_bridge(
+    airflow: AirflowHarness,  # noqa: F811
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+) -> None:
+    dags = translatable()
+    missing = [d for d in CONTEXT if d not in dags]
+    assert not missing, f"the inventory no longer calls these translatable: {missing}"
+    _check(airflow, config, lease_store, {d: dags[d] for d in CONTEXT})
 
 
 @pytest.mark.slow

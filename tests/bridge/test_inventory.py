@@ -19,7 +19,7 @@ import pendulum
 import pytest
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG, get_current_context, task, task_group
+from airflow.sdk import DAG, Asset, get_current_context, task, task_group
 from airflow.sdk.exceptions import AirflowSkipException
 
 from bridge.in_airflow.code_use import WORKER_CONTEXT
@@ -88,7 +88,7 @@ def test_kwargs_and_ds_of_a_python_operator_run_through_execute() -> None:
 
 
 def test_a_context_argument_or_read_the_worker_lacks_is_refused() -> None:
-    def run_this(test_mode: bool) -> None:
+    def run_this(inlet_events: Any) -> None:
         pass
 
     def prev(**context: Any) -> Any:
@@ -98,8 +98,30 @@ def test_a_context_argument_or_read_the_worker_lacks_is_refused() -> None:
         PythonOperator(task_id="run_this", python_callable=run_this)
         PythonOperator(task_id="prev", python_callable=prev)
     translation = translate(dag)
-    refused(translation, "run_this", "context argument", "'test_mode'", "lacks")
+    refused(translation, "run_this", "context argument", "'inlet_events'", "lacks")
     refused(translation, "prev", "context variable", "prev_data_interval_start_success")
+
+
+def test_state_stores_and_test_mode_run_through_execute() -> None:
+    """Airflow 3.3's task and asset state stores are in the worker's context (the lease's task
+    state, ``bridge.asset_state``); ``test_mode`` keeps its default, as in Airflow."""
+
+    def run_job(task_state_store: Any = None, test_mode: Any = None) -> Any:
+        return task_state_store.get("job_id")
+
+    def watermark(asset_state_store: Any = None) -> Any:
+        return asset_state_store.get("watermark")
+
+    with _dag("ctx_state") as dag:
+        PythonOperator(task_id="run_job", python_callable=run_job)
+        PythonOperator(
+            task_id="watermark",
+            python_callable=watermark,
+            inlets=[Asset(name="orders", uri="s3://b/orders")],
+        )
+    translation = translate(dag)
+    _runs_through_execute(translation, "run_job")
+    _runs_through_execute(translation, "watermark")
 
 
 def test_templates_dict_runs_through_execute() -> None:
@@ -221,15 +243,32 @@ def test_consumers_of_multiple_outputs_keys_run_through_execute() -> None:
 # --- how the callable is run -----------------------------------------------------------------
 
 
-def test_an_async_callable_is_refused() -> None:
+def test_an_async_callable_is_awaited_a_fenced_one_is_refused() -> None:
+    """Its operator's execute runs the coroutine to completion, as Airflow's task runner does;
+    a mapped one is called with its arguments and its coroutine run to completion by the
+    activity; a fenced one keeps its rule (its arguments only, no event loop)."""
     with _dag("async_def") as dag:
 
         @task
-        async def fetch() -> int:
-            return 1
+        async def fetch() -> list[int]:
+            return [1, 2]
 
-        fetch()
-    refused(translate(dag), "fetch", "async def", "never awaits")
+        @task
+        async def each(n: int) -> int:
+            return n
+
+        each.expand(n=fetch())
+    translation = translate(dag)
+    _runs_through_execute(translation, "fetch")
+    assert translation.spec is not None
+    assert translation.spec.task("each").kind is TaskKind.PYTHON
+
+    async def charge(fence: Any) -> None:
+        pass
+
+    with _dag("async_fenced") as fenced:
+        PythonOperator(task_id="charge", python_callable=charge)
+    refused(translate(fenced), "charge", "async def", "fenced or mapped callable")
 
 
 def test_task_bash_runs_through_execute_a_mapped_one_is_refused() -> None:
@@ -523,7 +562,7 @@ def test_cli_json_names_each_refusal(tmp_path: Path, capsys: pytest.CaptureFixtu
         "from airflow.sdk import DAG, task\n"
         "with DAG('two', schedule=None, start_date=pendulum.datetime(2024, 1, 1)):\n"
         "    @task\n"
-        "    def a(test_mode=None):\n"
+        "    def a(inlet_events=None):\n"
         "        return 1\n"
         "    a()\n"
     )
