@@ -1,14 +1,14 @@
 """Airflow's side of a whole-DAG shadow's comparison, read through Airflow's REST API.
 
 The worker reads it as a user would trust it: the DAG run's task instances (state, duration)
-and each task's XComs (every key, digested), through the api-server and its auth. Settings:
-``BRIDGE_AIRFLOW_API_URL`` (e.g. ``http://airflow-api:8080``), ``BRIDGE_AIRFLOW_API_USER`` and
-``BRIDGE_AIRFLOW_API_PASSWORD`` (a user allowed to read DAG runs, task instances and XComs).
+and each task's XComs (every key, digested), through the api-server and its auth. Settings
+(``bridge.config``): ``BRIDGE_AIRFLOW_API_URL`` (e.g. ``http://airflow-api:8080``),
+``BRIDGE_AIRFLOW_API_USER`` and ``BRIDGE_AIRFLOW_API_PASSWORD`` (a user allowed to read DAG
+runs, task instances and XComs), or ``[bridge] airflow_api_*`` in airflow.cfg.
 """
 
 from __future__ import annotations
 
-import os
 from urllib.parse import quote
 
 import httpx
@@ -39,13 +39,13 @@ def run_id_of(source: str) -> str | None:
 
 
 def _api() -> AirflowApi:
-    url = os.environ.get("BRIDGE_AIRFLOW_API_URL")
-    if not url:
+    from bridge.config import BridgeConfig
+
+    config = BridgeConfig.load()
+    if not config.airflow_api_url:
         raise AirflowSideUnavailable("BRIDGE_AIRFLOW_API_URL is not set")
     return AirflowApi(
-        url,
-        os.environ.get("BRIDGE_AIRFLOW_API_USER", ""),
-        os.environ.get("BRIDGE_AIRFLOW_API_PASSWORD", ""),
+        config.airflow_api_url, config.airflow_api_user or "", config.airflow_api_password or ""
     )
 
 

@@ -19,6 +19,7 @@ import pytest
 from airflow_plugins.lease import LeaseStore
 from bridge.airflow_side import SOURCE_PREFIX
 from bridge.comparison import CompareInput, compare_run, get_comparison
+from bridge.config import SETTINGS, BridgeConfig
 from bridge.spec import DagRunResult, DagSpec, RunMode, TaskOutcome, TaskSpec
 
 PASSWORD = "s3cret-never-shown"
@@ -118,3 +119,16 @@ def test_an_unreachable_api_keeps_the_comparison_waiting_and_says_why(
     assert row["primary_status"] == "missing"
     assert row["differences"][0]["what"] == "airflow_api"
     assert url in row["differences"][0]["reason"]
+
+
+def test_the_api_settings_are_the_bridges_and_the_password_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _api_env(monkeypatch, "http://airflow-api:8080")
+    config = BridgeConfig.load()
+    assert config.airflow_api_url == "http://airflow-api:8080"
+    assert config.airflow_api_user == "reader"
+    assert config.airflow_api_password == PASSWORD
+    assert PASSWORD not in repr(config)
+    [declared] = [s for s in SETTINGS if s.env == "BRIDGE_AIRFLOW_API_PASSWORD"]
+    assert declared.sensitive is True
