@@ -1,15 +1,17 @@
 """Airflow's side of a whole-DAG shadow's comparison, read through Airflow's REST API.
 
 The worker reads it as a user would trust it: the DAG run's task instances (state, duration)
-and each task's XComs (every key, digested), through the api-server and its auth. Settings:
-``BRIDGE_AIRFLOW_API_URL`` (e.g. ``http://airflow-api:8080``), ``BRIDGE_AIRFLOW_API_USER`` and
-``BRIDGE_AIRFLOW_API_PASSWORD`` (a user allowed to read DAG runs, task instances and XComs).
+and each task's XComs (every key, digested), through the api-server and its auth. Settings
+(``bridge.config``): ``BRIDGE_AIRFLOW_API_URL`` (e.g. ``http://airflow-api:8080``),
+``BRIDGE_AIRFLOW_API_USER`` and ``BRIDGE_AIRFLOW_API_PASSWORD`` (a user allowed to read DAG
+runs, task instances and XComs), or ``[bridge] airflow_api_*`` in airflow.cfg.
 """
 
 from __future__ import annotations
 
-import os
 from urllib.parse import quote
+
+import httpx
 
 from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
 from bridge.task_comparison import TaskSide
@@ -19,7 +21,16 @@ SOURCE_PREFIX = "airflow-dagrun:"
 
 
 class AirflowSideUnavailable(RuntimeError):
-    """No Airflow API is configured, or it did not answer: the comparison waits."""
+    """No Airflow API is configured, or it did not answer: the comparison waits (and says why)."""
+
+
+class AirflowSideRefused(RuntimeError):
+    """Airflow's API refused the worker's credentials (401/403): waiting cannot help, so the
+    comparison stops at once with this reason (the user's name, never the password)."""
+
+
+#: HTTP statuses that mean the credentials are wrong or not allowed to read the run.
+REFUSED = (401, 403)
 
 
 def run_id_of(source: str) -> str | None:
@@ -28,13 +39,13 @@ def run_id_of(source: str) -> str | None:
 
 
 def _api() -> AirflowApi:
-    url = os.environ.get("BRIDGE_AIRFLOW_API_URL")
-    if not url:
+    from bridge.config import BridgeConfig
+
+    config = BridgeConfig.load()
+    if not config.airflow_api_url:
         raise AirflowSideUnavailable("BRIDGE_AIRFLOW_API_URL is not set")
     return AirflowApi(
-        url,
-        os.environ.get("BRIDGE_AIRFLOW_API_USER", ""),
-        os.environ.get("BRIDGE_AIRFLOW_API_PASSWORD", ""),
+        config.airflow_api_url, config.airflow_api_user or "", config.airflow_api_password or ""
     )
 
 
@@ -68,7 +79,15 @@ def airflow_tasks(dag_id: str, run_id: str) -> dict[str, TaskSide]:
                 state, round(duration * 1000) if duration is not None else None, xcoms
             )
         return sides
-    except (AirflowApiError, OSError) as exc:
+    except AirflowApiError as exc:
+        if exc.status in REFUSED:
+            raise AirflowSideRefused(
+                f"Airflow's API at {api.base_url} refused user {api.username!r} ({exc.status}):"
+                " check BRIDGE_AIRFLOW_API_USER / BRIDGE_AIRFLOW_API_PASSWORD and that the user"
+                " may read DAG runs, task instances and XComs"
+            ) from exc
         raise AirflowSideUnavailable(str(exc)) from exc
+    except (httpx.HTTPError, OSError) as exc:  # unreachable, timed out, reset
+        raise AirflowSideUnavailable(f"Airflow's API at {api.base_url}: {exc}") from exc
     finally:
         api.close()

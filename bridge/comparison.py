@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from typing import Any
 
 import psycopg
@@ -21,12 +22,19 @@ from airflow_plugins.lease import LeaseStore
 from airflow_plugins.lease.keys import SHADOW_SUFFIX
 from airflow_plugins.protection.config import sink_dsn
 from bridge import task_comparison
-from bridge.airflow_side import AirflowSideUnavailable, airflow_tasks, run_id_of
+from bridge.airflow_side import (
+    AirflowSideRefused,
+    AirflowSideUnavailable,
+    airflow_tasks,
+    run_id_of,
+)
 from bridge.partition import keyed_date
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
 
 MAX_LISTED = 20
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,11 +155,38 @@ def _captured_rows(shadow: DagRunResult) -> dict[str, Any]:
 def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Comparison:
     """A whole-DAG shadow against its Airflow run, task by task (state, XComs, durations)."""
     shadow = inp.shadow
+    unavailable: dict[str, Any] | None = None
     try:
         primary = airflow_tasks(shadow.dag_id, airflow_run)
-    except AirflowSideUnavailable:
+    except AirflowSideRefused as exc:  # waiting cannot help: say so now, in the row
+        log.error("bridge: comparison of %s %s: %s", shadow.dag_id, shadow.business_date, exc)
+        return store_comparison(
+            store,
+            ComparisonRow(
+                dag_id=shadow.dag_id,
+                business_date=shadow.business_date,
+                primary_status="refused",
+                primary_ms=None,
+                shadow_status=shadow.status,
+                shadow_ms=shadow.duration_ms,
+                differences=[{"what": "airflow_api", "reason": str(exc)}],
+                shadow_rows=_captured_rows(shadow),
+                shadow_calls=_shadow_side(shadow).calls,
+                shadow_tasks={
+                    t: s.as_row() for t, s in task_comparison.shadow_tasks(shadow).items()
+                },
+            ),
+        )
+    except AirflowSideUnavailable as exc:
+        unavailable = {"what": "airflow_api", "reason": str(exc)}
+        log.warning(
+            "bridge: comparison of %s %s waits for Airflow's API: %s",
+            shadow.dag_id,
+            shadow.business_date,
+            exc,
+        )
         if not inp.final:
-            return Comparison(pending=True)
+            return Comparison(pending=True, differences=(unavailable,))
         primary = {}
     primary_status = task_comparison.run_state(primary) if primary else "missing"
     if primary_status == "running" and not inp.final:
@@ -162,6 +197,8 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
         differences.insert(
             0, {"what": "status", "primary": primary_status, "shadow": shadow.status}
         )
+    if unavailable is not None:
+        differences.insert(0, unavailable)
     durations = [t.ms for t in primary.values() if t.ms is not None]
     return store_comparison(
         store,

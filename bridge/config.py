@@ -2,24 +2,27 @@
 
 Read lazily by ``BridgeConfig.load()``, never at import time.
 
-=====================  ==========================  ===========================================
-env                    airflow.cfg [bridge]        default
-=====================  ==========================  ===========================================
-BRIDGE_TEMPORAL_ADDR   temporal_address            localhost:7233
-BRIDGE_NAMESPACE       namespace                   default
-BRIDGE_QUEUE_PREFIX    task_queue_prefix           bridge
-BRIDGE_LANES           lanes                       billing:16,default:8,analytics:4
-BRIDGE_LEASE_DSN       lease_dsn                   (required by the worker)
-BRIDGE_DAGS_FOLDER     dags_folder                 (none: registered/importable code only)
-BRIDGE_MAX_PAYLOAD     max_payload_bytes           2000000 (under Temporal's 2 MiB blob limit)
-BRIDGE_READY_AFTER     ready_after                 5 matching shadow runs
-BRIDGE_COMPARE_POLL_S  compare_poll_s              30 (a shadow polls for the primary's end)
-BRIDGE_TEMPORAL_TLS    temporal_tls                false (true: TLS with the system's CAs)
-BRIDGE_TEMPORAL_CA     temporal_tls_ca_file        (none: the system's CAs) a PEM CA bundle
-BRIDGE_TEMPORAL_CERT   temporal_tls_cert_file      (none) client certificate PEM, for mTLS
-BRIDGE_TEMPORAL_KEY    temporal_tls_key_file       (none) its private key PEM, for mTLS
-BRIDGE_TEMPORAL_SNI    temporal_tls_server_name    (none: the address's host) name to verify
-=====================  ==========================  ===========================================
+===========================  ========================  ===========================================
+env                          airflow.cfg [bridge]      default
+===========================  ========================  ===========================================
+BRIDGE_TEMPORAL_ADDR         temporal_address          localhost:7233
+BRIDGE_NAMESPACE             namespace                 default
+BRIDGE_QUEUE_PREFIX          task_queue_prefix         bridge
+BRIDGE_LANES                 lanes                     billing:16,default:8,analytics:4
+BRIDGE_LEASE_DSN             lease_dsn                 (required by the worker)
+BRIDGE_DAGS_FOLDER           dags_folder               (none: registered/importable code only)
+BRIDGE_MAX_PAYLOAD           max_payload_bytes         2000000 (under Temporal's 2 MiB blob limit)
+BRIDGE_READY_AFTER           ready_after               5 matching shadow runs
+BRIDGE_COMPARE_POLL_S        compare_poll_s            30 (a shadow polls for the primary's end)
+BRIDGE_TEMPORAL_TLS          temporal_tls              false (true: TLS with the system's CAs)
+BRIDGE_TEMPORAL_CA           temporal_tls_ca_file      (none: the system's CAs) a PEM CA bundle
+BRIDGE_TEMPORAL_CERT         temporal_tls_cert_file    (none) client certificate PEM, for mTLS
+BRIDGE_TEMPORAL_KEY          temporal_tls_key_file     (none) its private key PEM, for mTLS
+BRIDGE_TEMPORAL_SNI          temporal_tls_server_name  (none: the address's host) name to verify
+BRIDGE_AIRFLOW_API_URL       airflow_api_url           (none) the api-server (whole-DAG shadows)
+BRIDGE_AIRFLOW_API_USER      airflow_api_user          (none) a user that may read runs, TIs, XComs
+BRIDGE_AIRFLOW_API_PASSWORD  airflow_api_password      (none) its password (never logged or shown)
+===========================  ========================  ===========================================
 
 Any of the CA, certificate or server name options turns TLS on; a certificate needs its key.
 """
@@ -116,6 +119,31 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds between a shadow run's checks for the primary's end",
         "10",
     ),
+    Setting(
+        "BRIDGE_AIRFLOW_API_URL",
+        "airflow_api_url",
+        str,
+        "",
+        "Airflow's api-server, read by a whole-DAG shadow's comparison (empty: none)",
+        "http://airflow-api:8080",
+    ),
+    Setting(
+        "BRIDGE_AIRFLOW_API_USER",
+        "airflow_api_user",
+        str,
+        "",
+        "the user the worker reads DAG runs, task instances and XComs as",
+        "bridge-reader",
+    ),
+    Setting(
+        "BRIDGE_AIRFLOW_API_PASSWORD",
+        "airflow_api_password",
+        str,
+        "",
+        "that user's password (never logged or shown)",
+        "change-me",
+        sensitive=True,
+    ),
 )
 
 
@@ -178,6 +206,9 @@ class BridgeConfig:
     temporal_tls_cert_file: str | None = None
     temporal_tls_key_file: str | None = None
     temporal_tls_server_name: str | None = None
+    airflow_api_url: str | None = None
+    airflow_api_user: str | None = None
+    airflow_api_password: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def load(cls) -> BridgeConfig:
@@ -203,6 +234,11 @@ class BridgeConfig:
             temporal_tls_key_file=_setting("BRIDGE_TEMPORAL_KEY", "temporal_tls_key_file", None),
             temporal_tls_server_name=_setting(
                 "BRIDGE_TEMPORAL_SNI", "temporal_tls_server_name", None
+            ),
+            airflow_api_url=_setting("BRIDGE_AIRFLOW_API_URL", "airflow_api_url", None),
+            airflow_api_user=_setting("BRIDGE_AIRFLOW_API_USER", "airflow_api_user", None),
+            airflow_api_password=_setting(
+                "BRIDGE_AIRFLOW_API_PASSWORD", "airflow_api_password", None
             ),
         )
 

@@ -18,7 +18,11 @@ TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 
 class AirflowApiError(RuntimeError):
-    """The API answered with an error status."""
+    """The API answered with an error status (``status``: the HTTP status, when it had one)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class AirflowApi:
@@ -48,7 +52,9 @@ class AirflowApi:
                 "/auth/token", json={"username": self.username, "password": self._password}
             )
             if resp.status_code not in (200, 201):
-                raise AirflowApiError(f"login as {self.username} failed: {resp.text}")
+                raise AirflowApiError(
+                    f"login as {self.username} failed: {resp.text}", resp.status_code
+                )
             self._token = str(resp.json()["access_token"])
         return self._token
 
@@ -61,7 +67,9 @@ class AirflowApi:
         headers = {"Authorization": f"Bearer {self.token()}"}
         resp = self._client.request(method, path, headers=headers, **kwargs)
         if resp.status_code >= 400:
-            raise AirflowApiError(f"{method} {path} -> {resp.status_code}: {resp.text[:2000]}")
+            raise AirflowApiError(
+                f"{method} {path} -> {resp.status_code}: {resp.text[:2000]}", resp.status_code
+            )
         return resp.json() if resp.content else None
 
     # -- DAGs and runs -------------------------------------------------------------------------

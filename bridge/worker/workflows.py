@@ -265,6 +265,7 @@ class DagRunWorkflow:
             )
             return
         waited = 0.0
+        delay = inp.compare_poll_s
         while True:
             final = waited >= inp.compare_wait_s
             verdict = await workflow.execute_activity_method(
@@ -274,8 +275,11 @@ class DagRunWorkflow:
             )
             if not verdict.pending:
                 return
-            await workflow.sleep(timedelta(seconds=inp.compare_poll_s))
-            waited += inp.compare_poll_s
+            # Airflow's API unreachable (the verdict says why): back off, doubling to 10 min
+            delay = delay * 2 if verdict.differences else inp.compare_poll_s
+            delay = min(delay, max(inp.compare_poll_s, 600.0))
+            await workflow.sleep(timedelta(seconds=delay))
+            waited += delay
 
     async def _task(
         self, inp: DagRunInput, task: TaskSpec, upstream: list[asyncio.Task[TaskOutcome]]
