@@ -103,6 +103,23 @@ def bad(report: dict[str, Any]) -> int:
     return violations(report) + int(report["dag_runs_not_success"])
 
 
+def assert_billed_once(verdict: dict[str, Any]) -> None:
+    """What a campaign with the plugin must show: items charged, none twice at the sink or
+    the processor, none missed, no stale write, no wedged key, every DAG run ``success``."""
+    zeros = (
+        "duplicate_effects",
+        "processor_duplicates",
+        "processor_items_missed",
+        "stale_writes_accepted",
+        "items_missed",
+        "keys_wedged",
+        "dag_runs_not_success",
+    )
+    seen = {name: verdict[name] for name in zeros if verdict[name]}
+    assert verdict["items"] > 0, "the campaign charged nothing"
+    assert not seen, f"violations {seen}; runs not success: {verdict['not_success']}"
+
+
 def main(argv: list[str]) -> int:
     """Prints the per-kind table, then the verdict as one JSON line; exit 1 on any violation."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
