@@ -1,11 +1,13 @@
 """What a task's code uses of Airflow that the bridge worker does not carry, read, not run.
 
-The worker calls a Python callable with the task's own arguments only (no context, no ``ti``,
-no current context), carries only return values between tasks, and renders an operator's
-templates with a smaller context (``bridge.worker.execution.template_context``). This module
-reads a callable's signature and source (its AST, and that of the same module's functions it
-calls) and an operator's Jinja templates, and names each such use with a one-line reason, so the
-inventory refuses the task before anything runs.
+The worker runs a task whose callable reads Airflow's context through its operator's
+``execute`` with the worker's context (``bridge.worker.execution.template_context``: the
+arguments in ``CARRIED_CONTEXT``, the run's XComs, the state stores), gives a mapped callable
+the context arguments it names (``MAPPED_CONTEXT``) and calls a fenced one with its arguments
+only. This module reads a callable's signature and source (its AST, and that of the same
+module's functions it calls) and an operator's Jinja templates, and names each use of what the
+worker does not carry with a one-line reason, so the inventory refuses the task before
+anything runs.
 """
 
 from __future__ import annotations
