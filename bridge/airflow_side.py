@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from airflow_plugins.demo.airflow_api import AirflowApi, AirflowApiError
+from airflow_plugins.lease.masking import mask_text
 from bridge.task_comparison import TaskSide
 
 #: A whole-DAG shadow's ``source``: ``airflow-dagrun:<Airflow run id>`` (what it compares with).
@@ -82,12 +83,14 @@ def airflow_tasks(dag_id: str, run_id: str) -> dict[str, TaskSide]:
     except AirflowApiError as exc:
         if exc.status in REFUSED:
             raise AirflowSideRefused(
-                f"Airflow's API at {api.base_url} refused user {api.username!r} ({exc.status}):"
-                " check BRIDGE_AIRFLOW_API_USER / BRIDGE_AIRFLOW_API_PASSWORD and that the user"
-                " may read DAG runs, task instances and XComs"
+                mask_text(
+                    f"Airflow's API at {api.base_url} refused user {api.username!r} "
+                    f"({exc.status}): check BRIDGE_AIRFLOW_API_USER / BRIDGE_AIRFLOW_API_PASSWORD"
+                    " and that the user may read DAG runs, task instances and XComs"
+                )
             ) from exc
-        raise AirflowSideUnavailable(str(exc)) from exc
+        raise AirflowSideUnavailable(mask_text(str(exc))) from exc
     except (httpx.HTTPError, OSError) as exc:  # unreachable, timed out, reset
-        raise AirflowSideUnavailable(f"Airflow's API at {api.base_url}: {exc}") from exc
+        raise AirflowSideUnavailable(mask_text(f"Airflow's API at {api.base_url}: {exc}")) from exc
     finally:
         api.close()

@@ -191,7 +191,7 @@ def partitioned_date(business_date: str, partition_key: str | None) -> str:
     >>> partitioned_date("2024-02-15", "us"), partitioned_date("2024-02-15", None)
     ('2024-02-15@us', '2024-02-15')
     """
-    if partition_key is None:
+    if not partition_key:  # None, or an empty key (Airflow's runs without one)
         return business_date
     return f"{business_date}{PARTITION_SEPARATOR}{escape_map_key(partition_key)}"
 

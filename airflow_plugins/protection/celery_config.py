@@ -7,9 +7,9 @@ against a default visibility timeout of a day) the refusal is a 403, which the C
 does not take for "already running" (it ignores only the 409): the copy's Celery task records
 FAILURE under the running try's task id, the scheduler fails the running try, and a new try
 starts from the top. This wraps the provider's ``execute_workload`` (Celery's documented
-``task_annotations``): a *re-delivered* message whose start the API server refuses with 403 or
-409 ends as Celery's ``Ignore``, which stores no result, as the provider already does for 409.
-A first delivery that is refused still fails loudly.
+``task_annotations``): a *re-delivered* message whose start call the API server refuses with
+403 or 409 ends as Celery's ``Ignore``, which stores no result, as the provider already does
+for 409. A first delivery that is refused, and a failure of any other call, still fail.
 
 Use it as the Celery configuration of every component:
 ``[celery] celery_config_options = airflow_plugins.protection.celery_config.CELERY_CONFIG``.
@@ -60,14 +60,21 @@ def ignore_refused_redelivery(call: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _refusal_status(error: BaseException) -> int | None:
-    """The API server's status when ``error`` is its refusal to start the task, else None."""
+    """The API server's status when ``error`` is its refusal of the start call (``PATCH
+    .../task-instances/<id>/run``), else None: a failure of any other call is not ignored."""
     from airflow.sdk.api.client import ServerResponseError
 
     if not isinstance(error, ServerResponseError):
         return None
+    request = error.request
+    if request.method != "PATCH" or not request.url.path.endswith("/run"):
+        return None
     status = getattr(error.response, "status_code", None)
     return status if status in REFUSED_START else None
 
+
+if "task_annotations" in DEFAULT_CELERY_CONFIG:  # merged by hand if Airflow ever sets some
+    raise RuntimeError("Airflow's default Celery configuration has task_annotations of its own")
 
 CELERY_CONFIG: dict[str, Any] = {
     **DEFAULT_CELERY_CONFIG,

@@ -307,10 +307,15 @@ class BridgeActivities:
         """Pokes a sensor once (``bridge.worker.sensing``); the workflow waits between pokes.
 
         No lease: a poke only reads its condition, and a sensor that fired is not run again in
-        the same workflow (a rerun pokes again, as a cleared sensor does in Airflow).
+        the same workflow (a rerun pokes again, as a cleared sensor does in Airflow). A shadow
+        run's poke connects to nothing but Temporal and ``BRIDGE_SHADOW_ALLOW`` (as any shadow
+        task that is not declared side-effect-free).
         """
         try:
             task, context = self._operator_context(inp.task)
+            if inp.task.mode is RunMode.SHADOW and not inp.task.task.side_effect_free:
+                with no_egress(allowed_addresses(None)):  # a shadow's poke reaches nobody
+                    return poke_once(task, context, execute=inp.execute)
             return poke_once(task, context, execute=inp.execute)
         except ApplicationError:
             raise

@@ -115,6 +115,7 @@ async def sense(inp: TaskInput) -> TaskOutcome:
         if got.status == SKIPPED:
             return TaskOutcome(SKIPPED)
         if got.status == "deferred":
+            # as Airflow: a deferral without a timeout of its own is not bounded by the sensor's
             started, timeout_s, execute = workflow.now(), got.timeout_s, False
             if got.until is not None:
                 return await _sleep_until(sensor.soft_fail or sensor.never_fail, got)

@@ -132,3 +132,20 @@ def test_the_api_settings_are_the_bridges_and_the_password_is_never_shown(
     assert PASSWORD not in repr(config)
     [declared] = [s for s in SETTINGS if s.env == "BRIDGE_AIRFLOW_API_PASSWORD"]
     assert declared.sensitive is True
+
+
+def test_a_password_written_into_the_api_url_is_not_in_the_row_or_the_log(
+    lease_store: LeaseStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"http://reader:{PASSWORD}@127.0.0.1:{_closed_port()}"
+    _api_env(monkeypatch, url)
+    with caplog.at_level(logging.WARNING):
+        compare_run(lease_store, _input(final=True))
+    row = get_comparison(lease_store, "ordinary", DAY)
+    assert row is not None
+    assert row["differences"][0]["what"] == "airflow_api"
+    assert "127.0.0.1" in row["differences"][0]["reason"]
+    assert PASSWORD not in str(row)
+    assert PASSWORD not in caplog.text

@@ -172,3 +172,12 @@ def test_an_asset_triggered_partition_run_is_dated_by_its_partition(
         target_from_context(context)
     context["dag_run"].conf = {"business_date": "2024-01-05"}
     assert str(target_from_context(context).key) == "daily_inference/run_inference/2024-01-05@us"
+
+
+def test_an_empty_partition_key_is_no_partition_in_the_plugins_keys() -> None:
+    """Airflow's runs without a partition may carry an empty key: their keys stay the date's."""
+    from airflow_plugins.lease.keys import partitioned_date
+
+    assert partitioned_date("2024-02-15", "") == "2024-02-15"
+    assert partitioned_date("2024-02-15", None) == "2024-02-15"
+    assert partitioned_date("2024-02-15", "us") == "2024-02-15@us"
