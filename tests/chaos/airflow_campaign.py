@@ -490,6 +490,16 @@ class AirflowCampaign:
             self.worker_down[name] = time.monotonic() + pause
         return True
 
+    def fault_key(self, leases: dict[str, int], charges: list[RunningCharge]) -> str:
+        """The business date a fault is counted under: a live lease's, else a running charge's,
+        else the first run still at work, else the newest run (a fault may hit between runs)."""
+        if leases:
+            return next(iter(leases))
+        if charges:
+            return charges[0].business_date
+        active = [r.business_date for r in self.runs if r.state not in TERMINAL]
+        return active[0] if active else self.runs[-1].business_date
+
     def agent_fault(
         self,
         kind: str,
@@ -502,7 +512,7 @@ class AirflowCampaign:
         0.2-2.5 lease TTLs; landed when a lease was live (its renewals went through it)."""
         assert self.agent is not None
         entry.update(landed=bool(leases))
-        entry["key"] = next(iter(leases), charges[0].business_date if charges else "")
+        entry["key"] = self.fault_key(leases, charges)
         if kind == "agent_sigkill":
             self.agent.signal(signal.SIGKILL)
             self.agent_back = time.monotonic() + AGENT_BACK
@@ -528,7 +538,7 @@ class AirflowCampaign:
             return False
         name = alive[int(spread * len(alive))]
         entry.update(scheduler=name, landed=bool(charges) if self.plain else bool(leases))
-        entry["key"] = next(iter(leases), charges[0].business_date if charges else "")
+        entry["key"] = self.fault_key(leases, charges)
         self.airflow.kill_scheduler(name, signal.SIGKILL)
         self.scheduler_down[name] = time.monotonic() + SCHEDULER_BACK
         self.last_scheduler_kill = len(self.log)
@@ -570,9 +580,8 @@ class AirflowCampaign:
         """Restarts (or crashes and recovers) the lease store's and the billing's server."""
         assert self.server is not None
         leases = self.live_leases()
-        active = [r.business_date for r in self.runs if r.state not in TERMINAL]
         entry: dict[str, Any] = {"kind": kind, "t": time.time(), "landed": bool(leases)}
-        entry["key"] = next(iter(leases), active[0] if active else self.runs[-1].business_date)
+        entry["key"] = self.fault_key(leases, [])
         self.store.close()
         self.sink.close()
         self.server.restart("fast" if kind == "store_restart" else "immediate")

@@ -110,7 +110,7 @@ def check(
             recover[kind].append(min(later) - fault["t"])
     report: dict[str, Any] = {"by_fault": {}}
     for kind, k in sorted(kinds.items()):
-        keys = k["keys"]
+        keys = k["keys"] & set(log["keys"])  # a fault that hit while no run was at work: none
         report["by_fault"][kind] = {
             "injected": k["injected"],
             "landed": k["landed"],

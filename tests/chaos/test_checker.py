@@ -31,6 +31,27 @@ def test_a_clean_history_has_no_violation() -> None:
     assert verdict["by_fault"]["sigkill"]["recover_p50_s"] == 1.0
 
 
+def test_a_fault_that_hit_no_run_is_counted_for_no_run() -> None:
+    """A campaign may inject a fault (a scheduler or agent kill) while no run is at work: the
+    seed-4 Celery campaign did, and the checker raised ``KeyError`` instead of judging."""
+    log = _log()
+    log["faults"].append({"kind": "agent_sigkill", "key": "", "t": 12.0, "landed": False})
+    rows = [
+        (1, KEY, "item-000", 5, 9.0),
+        (2, KEY, "item-001", 5, 9.5),
+        (3, KEY, "item-002", 5, 13.0),
+    ]
+    verdict = check(rows, log)
+    assert verdict["by_fault"]["agent_sigkill"] == {
+        **verdict["by_fault"]["agent_sigkill"],
+        "injected": 1,
+        "landed": 0,
+        "runs": 0,
+        "items": 0,
+    }
+    assert verdict["duplicate_effects"] == verdict["items_missed"] == 0
+
+
 def test_duplicates_stale_writes_missed_items_and_wedged_keys_are_reported() -> None:
     rows = [(1, KEY, "item-000", 7, 9.0), (2, KEY, "item-000", 5, 11.0)]  # again, older token
     verdict = check(rows, _log(probe="held"))
