@@ -3,16 +3,20 @@
 The kinds of task the worker cannot run the same (sensors without a poke, deferrables,
 LatestOnly, cross-DAG operators, setup/teardown, trigger rules it does not decide), what Airflow
 runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and callables
-Airflow runs somewhere other than in-process (``@task.bash``, ``@task.virtualenv``, ...).
-``translate`` refuses them by name; ``code_use`` reads what the code itself uses.
+Airflow runs somewhere other than in-process (a mapped ``@task.bash`` or ``@task.virtualenv``,
+``@task.docker``, ...). ``translate`` refuses them by name; ``code_use`` reads what the code
+itself uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bridge.in_airflow.code_use import Use, is_mapped
+from bridge.in_airflow.code_use import Use, callable_uses, is_mapped
 from bridge.trigger_rules import RULES
 
 _CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
@@ -21,6 +25,10 @@ SKIPPING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMi
 #: What decides from Airflow's run type and timetable, which a bridge run does not have.
 _AIRFLOW_RUN_STATE = {"LatestOnlyOperator"}
 IN_PROCESS = {"PythonOperator", "ExactlyOnceOperator"}  # what the worker runs by calling it
+#: Operators whose execute runs the callable in a virtualenv it builds or another interpreter
+#: (``@task.virtualenv``, ``@task.external_python`` and their branch variants): the worker runs
+#: that execute, which does there what Airflow's worker does.
+OWN_ENVIRONMENT = {"PythonVirtualenvOperator", "ExternalPythonOperator"}
 _CALLBACKS = (
     "on_execute_callback",
     "on_success_callback",
@@ -148,8 +156,63 @@ def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
         )
 
 
-def elsewhere(cls: str, names: set[str]) -> tuple[str, str]:  # reason, construct
+def refuse_own_environment(task: Any, fn: Callable[..., Any] | None, names: set[str]) -> None:
+    """Refuses a virtualenv / external-python callable whose run in the worker would differ
+    (nothing for another operator).
+
+    Its operator's execute writes the callable's source to a script and runs it in the other
+    interpreter with the op_args / op_kwargs and the serializable context keys it names.
+    Airflow gives that process its task supervisor's channel (Variables, Connections, XComs,
+    ``get_current_context`` through the Airflow it imports); the worker's process has none.
+
+    Raises:
+        NotTranslatable: the callable imports Airflow, or uses what the worker does not carry.
+    """
+    if fn is None or not names & OWN_ENVIRONMENT:
+        return
+    args = list(getattr(task, "op_args", None) or ())
+    passed = {*(getattr(task, "op_kwargs", None) or {}), *_parameters(fn)[: len(args)]}
+    wired = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise NotTranslatable(
+            f"its callable's source cannot be read ({exc}): the operator runs that source",
+            "own environment",
+        ) from exc
+    for node in ast.walk(tree):
+        modules = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        if any(m == "airflow" or m.startswith("airflow.") for m in modules):
+            raise NotTranslatable(
+                "its callable imports Airflow in its own environment: in Airflow that process "
+                "reaches Variables, Connections, XComs and the context through the task "
+                "supervisor, which the worker's process does not have",
+                "Airflow in own environment",
+            )
+    refused = [u for u in callable_uses(fn, passed=passed, wired=wired) if not u.carried]
+    if refused:
+        raise NotTranslatable(refused[0].reason, uses=refused)
+
+
+def _parameters(fn: Callable[..., Any]) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def elsewhere(cls: str, names: set[str], *, mapped: bool = False) -> tuple[str, str]:
     """Why a callable that Airflow runs somewhere other than in-process is refused."""
+    if mapped and names & OWN_ENVIRONMENT:
+        return (
+            f"a mapped {cls}: the worker maps plain callables, it would call the function "
+            "in-process, not in its virtualenv or interpreter (an unmapped one runs through its "
+            "operator's execute)",
+            cls,
+        )
     if "BashOperator" in names:
         return (
             "@task.bash: Airflow runs the command the function returns, the worker would call "
@@ -157,8 +220,8 @@ def elsewhere(cls: str, names: set[str]) -> tuple[str, str]:  # reason, construc
             "@task.bash",
         )
     return (
-        f"{cls} runs its callable in its own environment (a virtualenv, another interpreter, a "
-        "container, a pod, another language): the worker would call it in-process; refused "
-        "rather than rebuilt: use @task in the worker's environment, or keep it in Airflow",
+        f"{cls} runs its callable in its own environment (a container, a pod, another language): "
+        "the worker would call it in-process; refused rather than rebuilt: use @task in the "
+        "worker's environment, or keep it in Airflow",
         cls,
     )

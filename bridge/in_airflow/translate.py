@@ -31,11 +31,13 @@ from bridge.in_airflow.code_use import (
 )
 from bridge.in_airflow.refusals import (
     IN_PROCESS,
+    OWN_ENVIRONMENT,
     SKIPPING,
     NotTranslatable,
     class_names,
     elsewhere,
     refuse_kinds,
+    refuse_own_environment,
     trigger_rule,
 )
 from bridge.spec import (
@@ -214,9 +216,10 @@ def task_spec(
     operators, and Python-callable arguments holding Jinja templates (only Airflow renders
     them); and what Airflow does around the code that the worker does not (setup/teardown,
     callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere:
-    ``@task.bash``, ``@task.virtualenv``, ...) or what the code uses that the worker does not
-    give it (``bridge.in_airflow.code_use``: context arguments, XCom keys, skip exceptions,
-    a fenced ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
+    a mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what the code
+    uses that the worker does not give it (``bridge.in_airflow.code_use``: context arguments,
+    XCom keys, skip exceptions, a fenced ``async def``, template context the worker lacks,
+    a virtualenv callable importing Airflow). MIGRATION.md lists every refusal.
 
     Raises:
         NotTranslatable: with the reason.
@@ -232,15 +235,18 @@ def task_spec(
         return TaskSpec(task.task_id, kind=TaskKind.NOOP, side_effect_free=True, **common)
     if "BaseSensorOperator" in names:
         return _sensor_spec(task, fn, names, side_effect_free, common)
+    if not mapped and ("_BashDecoratedOperator" in names or names & OWN_ENVIRONMENT):
+        # @task.bash: its execute calls the function (with the context) and runs the returned
+        # command with bash; a virtualenv / external python: its execute builds the virtualenv
+        # (or takes the interpreter) and runs the callable there; both as Airflow's worker does
+        refuse_own_environment(task, fn, names)
+        return _operator_spec(task, names, mapped, side_effect_free, common)
     if fn is None or (names & SKIPPING and not mapped):
         # a branch / short-circuit operator runs through its execute: it names the tasks to skip
         return _operator_spec(task, names, mapped, side_effect_free, common)
-    if "_BashDecoratedOperator" in names and not mapped:
-        # @task.bash: its execute calls the function (with the context) and runs the returned
-        # command with bash, as Airflow's task runner does
-        return _operator_spec(task, names, mapped, side_effect_free, common)
-    if not names & IN_PROCESS or "_BasePythonVirtualenvOperator" in names:
-        raise NotTranslatable(*elsewhere(type(task).__name__, names))
+    if not names & IN_PROCESS or names & OWN_ENVIRONMENT:
+        cls = getattr(getattr(task, "operator_class", None), "__name__", type(task).__name__)
+        raise NotTranslatable(*elsewhere(cls, names, mapped=mapped))
     args = list((getattr(task, "op_args", None) if not mapped else partial.get("op_args")) or ())
     kwargs = dict(
         (getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")) or {}

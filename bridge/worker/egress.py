@@ -8,6 +8,10 @@ addresses (the sink's, Temporal's, ``BRIDGE_SHADOW_ALLOW``) raises ``ShadowEgres
 shadow fails loudly instead of charging. A task the DAG declares side-effect-free is not
 guarded.
 
+It cannot see what a process the body starts connects to (a virtualenv's ``pip install`` from
+PyPI, a callable run in another interpreter, a bash command), so starting a process is refused
+the same way (``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.spawn*``).
+
 Limits: the guard sees connections made through Python's ``socket`` module in the activity's
 own context (its thread); libpq (psycopg) and Temporal's core connect in C/Rust and are not
 seen, nor is a thread the body starts itself.
@@ -38,6 +42,10 @@ _GUARD: contextvars.ContextVar[_Guard | None] = contextvars.ContextVar(
     "bridge_shadow_egress", default=None
 )
 _LOCAL = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}
+#: The audit events of starting a process, whose connections the guard cannot see.
+_PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"}
+)
 _installed = False
 
 
@@ -50,11 +58,19 @@ def _normal(host: str) -> str:
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
-    if event != "socket.connect":
+    if event != "socket.connect" and event not in _PROCESS_EVENTS:
         return
     guard = _GUARD.get()
     if guard is None:
         return
+    if event in _PROCESS_EVENTS:
+        message = (
+            f"a shadow run may not start a process ({event} {str(args[0])[:80]!r}): the guard "
+            "cannot see what it connects to (a virtualenv's pip install, a callable in another "
+            "interpreter, a bash command); declare the task side-effect-free if it has none"
+        )
+        guard.refused.append(message)
+        raise ShadowEgressRefused(message)
     sock, address = args
     if getattr(sock, "family", None) == socket.AF_UNIX:
         return  # local sockets (the lease agent)

@@ -4,11 +4,14 @@ The worker rebuilds the operator from its parsed DAG folder (a fresh copy per ca
 mutates the operator), gives it the context such operators read (``template_context``, which
 says how it differs from Airflow's), renders its templated fields with the task SDK's own
 ``render_template_fields``, and calls ``execute`` the way the task runner does (inside the
-``ExecutorSafeguard`` tracker). Its return value is the task's output.
+``ExecutorSafeguard`` tracker). Its return value is the task's output. A virtualenv /
+external-python operator's process gets a supervisor socket to reconnect to
+(``supervisor_channel``), as under Airflow's supervisor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import threading
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 #: The spec kwarg holding ``{upstream_task_id: upstream marker}`` for an operator's XCom pulls.
 XCOM_ARGUMENT = "$xcom"
 RETURN_KEY = "return_value"
+#: The base of the operators that run their callable in another interpreter's process.
+_OWN_ENVIRONMENT = "_BasePythonVirtualenvOperator"
 _PERIOD_STEP: dict[str, dict[str, int]] = {
     "minute": {"minutes": 1},
     "hour": {"hours": 1},
@@ -252,6 +257,8 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
     from airflow.sdk.bases.operator import ExecutorSafeguard
     from airflow.sdk.execution_time.context import set_current_context
 
+    from bridge.worker.supervisor_channel import supervisor_channel
+
     _per_thread_current_context()
     # as the task runner's prepare_for_execution: no XComArg wiring on the attributes execute
     # sets (PythonOperator assigns op_kwargs the context, whose objects would be walked)
@@ -263,7 +270,9 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
         task.pre_execute(context)
         # the class's own execute: a cluster policy may have wrapped the instance's with a
         # lease, and the activity already holds this task's lease
-        result = calls.run(type(task).execute, task, context)
+        own = any(c.__name__ == _OWN_ENVIRONMENT for c in type(task).__mro__)
+        with supervisor_channel() if own else contextlib.nullcontext():
+            result = calls.run(type(task).execute, task, context)
         task.post_execute(context, result)
     return result
 

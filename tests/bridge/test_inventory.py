@@ -18,14 +18,18 @@ from typing import Any
 import pendulum
 import pytest
 from airflow.providers.standard.operators.bash import BashOperator
-from airflow.providers.standard.operators.python import PythonOperator
+from airflow.providers.standard.operators.python import (
+    ExternalPythonOperator,
+    PythonOperator,
+    PythonVirtualenvOperator,
+)
 from airflow.sdk import DAG, Asset, get_current_context, task, task_group
 from airflow.sdk.exceptions import AirflowSkipException
 
 from bridge.in_airflow.code_use import WORKER_CONTEXT
 from bridge.in_airflow.translate import Translation, Untranslatable, inventory, translate
 from bridge.spec import TaskKind
-from bridge.worker.execution import business_run, template_context
+from bridge.worker.execution import business_run, run_operator, template_context
 from tests.bridge.conftest import REPO
 from tests.bridge.corpus import corpus_dags, dag_bag
 
@@ -299,31 +303,94 @@ def test_task_bash_runs_through_execute_a_mapped_one_is_refused() -> None:
     _runs_through_execute(translate(alone), "only")
 
 
-def test_task_virtualenv_is_refused_rather_than_rebuilt() -> None:
+def test_task_virtualenv_runs_through_its_operators_execute() -> None:
     with _dag("task_venv") as dag:
 
         @task.virtualenv(requirements=["colorama==0.4.0"])
         def in_venv() -> None:
             pass
 
-        in_venv()
-    refused(
-        translate(dag),
-        "in_venv",
-        "_PythonVirtualenvDecoratedOperator",
-        "refused rather than rebuilt",
-    )
+        def classic(n: int) -> int:
+            return n
+
+        in_venv() >> PythonVirtualenvOperator(
+            task_id="classic", python_callable=classic, op_args=[1]
+        )
+    _runs_through_execute(translate(dag), "in_venv", "classic")
 
 
-def test_task_external_python_is_refused_rather_than_rebuilt() -> None:
+def test_task_external_python_runs_through_its_operators_execute() -> None:
     with _dag("task_external") as dag:
 
         @task.external_python(python=sys.executable)
         def elsewhere() -> None:
             pass
 
-        elsewhere()
-    refused(translate(dag), "elsewhere", "_PythonExternalDecoratedOperator", "own environment")
+        def classic() -> None:
+            pass
+
+        elsewhere() >> ExternalPythonOperator(
+            task_id="classic", python=sys.executable, python_callable=classic
+        )
+    _runs_through_execute(translate(dag), "elsewhere", "classic")
+
+
+def test_own_environment_callables_the_worker_cannot_run_the_same_are_refused() -> None:
+    with _dag("task_venv_refused") as dag:
+
+        @task.virtualenv(requirements=["colorama==0.4.0"])
+        def each(n: int) -> int:
+            return n
+
+        @task.external_python(python=sys.executable)
+        def reads_variable() -> str:
+            from airflow.sdk import Variable
+
+            return str(Variable.get("x"))
+
+        @task.virtualenv(system_site_packages=True)
+        def prior(prev_data_interval_start_success: Any = None) -> str:
+            return str(prev_data_interval_start_success)
+
+        @task.branch_external_python(python=sys.executable)
+        def pick() -> str:
+            from airflow.sdk import get_current_context
+
+            return str(get_current_context()["ds"])
+
+        each.expand(n=[1, 2])
+        reads_variable()
+        prior()
+        pick()
+    translation = translate(dag)
+    refused_ids = {u.task_id for u in translation.untranslatable}
+    assert refused_ids == {"each", "reads_variable", "prior", "pick"}, translation.report()
+    refused(translation, "each", "_PythonVirtualenvDecoratedOperator", "mapped", "in-process")
+    refused(translation, "reads_variable", "Airflow in own environment", "task supervisor")
+    refused(translation, "prior", "context argument", "prev_data_interval_start_success")
+    refused(translation, "pick", "Airflow in own environment", "task supervisor")
+
+
+def test_an_external_python_task_runs_in_its_interpreter_with_the_workers_context() -> None:
+    with _dag("external_run") as dag:
+
+        def where(day: str, ds: Any = None, ti: Any = None) -> str:
+            import sys
+
+            # ti is not among the keys the operator serializes for the other interpreter
+            return f"{day}|{ds}|{ti}|{sys.executable}"
+
+        op = ExternalPythonOperator(
+            task_id="where",
+            python=sys.executable,
+            python_callable=where,
+            op_kwargs={"day": "{{ ds_nodash }}"},
+            expect_airflow=False,
+        )
+    _runs_through_execute(translate(dag), "where")
+    run, ds = business_run("external_run", "r", "2024-01-02", period="day", timezone="UTC")
+    context = template_context(op, run=run, try_number=1, upstream={}, ds=ds)
+    assert run_operator(op, context) == f"20240102|2024-01-02|None|{sys.executable}"
 
 
 def test_raising_airflow_skip_exception_translates() -> None:

@@ -135,3 +135,27 @@ def test_mode_set_shadow_refuses_an_undeclared_effect_and_accepts_a_declared_dag
     assert done.stdout.strip() == "gate_declared: airflow -> shadow (v1)"
     # accepted, and told the truth: nothing hands this DAG's runs to Temporal yet
     assert "note: gate_declared has no protected task and no BridgeOperator" in done.stderr
+
+
+@pytest.mark.parametrize(("tags", "refused"), [([], True), (["side-effect-free:in_venv"], False)])
+def test_a_virtualenv_task_is_shadowed_only_when_declared_side_effect_free(
+    tags: list[str], refused: bool
+) -> None:
+    import pendulum
+    from airflow.sdk import DAG, task
+
+    from bridge.in_airflow.shadow_gate import shadow_refusals_of
+
+    start = pendulum.datetime(2024, 1, 1, tz="UTC")
+    with DAG("gate_venv", schedule=None, start_date=start, tags=tags) as dag:
+
+        @task.virtualenv(requirements=["colorama==0.4.0"])
+        def in_venv() -> None:
+            pass
+
+        in_venv()
+    found = shadow_refusals_of(dag)
+    # its pip install and callable run in a process the egress guard cannot see into: the
+    # gate refuses it like any task writing outside a fence, unless the DAG declares it free
+    assert [r.split(":")[0] for r in found] == (["in_venv"] if refused else []), found
+    assert all("writes outside a fence" in r for r in found), found

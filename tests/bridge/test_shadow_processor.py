@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -211,3 +213,9 @@ def _swallowing_body() -> None:
 def test_a_refusal_the_body_swallowed_still_fails_the_block() -> None:
     with pytest.raises(ShadowEgressRefused), no_egress([]):
         _swallowing_body()
+
+
+def test_the_guard_refuses_starting_a_process_whose_connections_it_cannot_see() -> None:
+    with pytest.raises(ShadowEgressRefused, match="may not start a process"), no_egress([]):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # outside the guard: as before
