@@ -57,6 +57,17 @@ def _normal(host: str) -> str:
     return _LOCAL.get(host, host)
 
 
+def _program(event: str, args: tuple[Any, ...]) -> str:
+    """The name of the program a process event starts, never its arguments (they may hold a
+    secret: a password on a command line)."""
+    what: Any = args[1] if event == "subprocess.Popen" and args[1] else args[0] if args else ""
+    if isinstance(what, list | tuple):
+        what = what[0] if what else ""
+    words = os.fsdecode(what).split() if isinstance(what, str | bytes | os.PathLike) else []
+    words = [w for w in words if "=" not in w]  # a shell's NAME=value before the program
+    return os.path.basename(words[0]) if words else "?"
+
+
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if event != "socket.connect" and event not in _PROCESS_EVENTS:
         return
@@ -65,7 +76,7 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         return
     if event in _PROCESS_EVENTS:
         message = (
-            f"a shadow run may not start a process ({event} {str(args[0])[:80]!r}): the guard "
+            f"a shadow run may not start a process ({event} {_program(event, args)!r}): the guard "
             "cannot see what it connects to (a virtualenv's pip install, a callable in another "
             "interpreter, a bash command); declare the task side-effect-free if it has none"
         )

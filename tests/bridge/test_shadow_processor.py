@@ -9,6 +9,7 @@ comparison row. A shadow body that calls the processor around the fence fails lo
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -219,3 +220,14 @@ def test_the_guard_refuses_starting_a_process_whose_connections_it_cannot_see() 
     with pytest.raises(ShadowEgressRefused, match="may not start a process"), no_egress([]):
         subprocess.run([sys.executable, "-c", "pass"], check=True)
     subprocess.run([sys.executable, "-c", "pass"], check=True)  # outside the guard: as before
+
+
+def test_a_refused_process_is_named_by_its_program_never_its_arguments() -> None:
+    secret = "PGPASSWORD=hunter2-not-for-logs"
+    with pytest.raises(ShadowEgressRefused) as refused, no_egress([]):
+        subprocess.run(["/usr/bin/env", secret, "true"], check=True)
+    assert "'env'" in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(ShadowEgressRefused) as refused, no_egress([]):
+        os.system(f"{secret} true")
+    assert "hunter2" not in str(refused.value)
