@@ -234,7 +234,7 @@ def record_primary(store: LeaseStore, result: DagRunResult) -> None:
                 "primary_ms": result.duration_ms,
                 "primary_digests": Jsonb(
                     {
-                        t: digest(o.result)
+                        t: digest(o.items or o.result)
                         for t, o in result.tasks.items()
                         if o.status == "succeeded"
                     }
