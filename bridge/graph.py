@@ -26,7 +26,7 @@ def graph_problems(spec: DagSpec) -> list[str]:
         if task.map_over is not None and task.map_over not in task.upstream:
             problems.append(f"task {task.task_id!r} is mapped over {task.map_over!r} not upstream")
         over: set[str] = set()
-        _collect([*task.expand.values(), task.expand_kwargs], over)
+        _collect([*(source for _, source in task.expand), task.expand_kwargs], over)
         for ref in sorted(over - set(task.upstream)):
             problems.append(f"task {task.task_id!r} is mapped over {ref!r} not upstream")
     if not problems and len(topological(spec)) != len(spec.tasks):

@@ -201,7 +201,8 @@ def task_spec(
 
     Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
     ``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
-    of these expanded over one upstream task's list, and any other operator whose
+    of these and of other operators (``expand()`` over upstream or literal lists, several
+    arguments, a mapped task's list; ``expand_kwargs()``), and any other operator whose
     ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
     rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
     (``bridge.worker.execution``); sensors with a ``poke`` of their own, which the workflow pokes
@@ -209,13 +210,13 @@ def task_spec(
     translated, with the reason: sensors without a ``poke`` of their own, deferrable operators
     (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
     code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
-    ``airflow.models``), operators that cannot be copied, mapped operators without a Python
-    callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
-    operators, and Python-callable arguments holding Jinja templates (only Airflow renders
-    them); and what Airflow does around the code that the worker does not (setup/teardown,
-    callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere:
-    ``@task.bash``, ``@task.virtualenv``, ...) or what the code uses that the worker does not
-    give it (``bridge.in_airflow.code_use``: context arguments, XCom keys, skip exceptions,
+    ``airflow.models``), operators that cannot be copied, mapped operators the worker cannot
+    unmap (serialized, branching), branching and short-circuit operators, non-default trigger
+    rules, cross-DAG operators, and Python-callable arguments holding Jinja templates (only
+    Airflow renders them); and what Airflow does around the code that the worker does not
+    (setup/teardown, callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run
+    elsewhere: ``@task.bash``, ``@task.virtualenv``, ...) or what the code uses that the worker
+    does not give it (``bridge.in_airflow.code_use``: context arguments, XCom keys, skip exceptions,
     a fenced ``async def``, template context the worker lacks). MIGRATION.md lists every refusal.
 
     Raises:
@@ -355,7 +356,7 @@ def _operator_spec(
     """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
     folder and rendering its templated fields (``bridge.worker.execution``). A ``sensor``'s
     code may defer: the workflow carries its deferral."""
-    expand: dict[str, Any] = {}
+    expand: tuple[tuple[str, Any], ...] = ()
     expand_kwargs: Any = None
     cls_of = type(task)
     flagged = hasattr(task, "deferrable")
@@ -371,8 +372,8 @@ def _operator_spec(
                 "mapped operator",
             )
         flagged = "deferrable" in inspect.signature(cls_of.__init__).parameters
-        sources = [u.get(UPSTREAM_MARKER) for u in expand.values() if isinstance(u, dict)]
-        arg = next((a for a, u in expand.items() if not isinstance(u, dict | list)), None)
+        sources = [u.get(UPSTREAM_MARKER) for _, u in expand if isinstance(u, dict)]
+        arg = next((a for a, u in expand if not isinstance(u, dict | list)), None)
         if arg is not None or any(s is None for s in sources):
             raise NotTranslatable(f"mapped over {arg!r}: not a list", "expand")
     elif "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
@@ -407,7 +408,8 @@ def _operator_spec(
     # Airflow lets an operator pull any task of its run that ran before it: every ancestor
     # becomes an upstream (already implied under all_success), so the workflow passes its result
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
-    uses = template_uses(task, wired=ancestors)
+    fields = _MappedFields(task, expand, expand_kwargs) if mapped else task
+    uses = template_uses(fields, wired=ancestors)
     if uses:
         raise NotTranslatable(uses[0].reason, uses=uses)
     xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
@@ -421,6 +423,26 @@ def _operator_spec(
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
+
+
+class _MappedFields:
+    """A mapped operator as ``template_uses`` reads it: each templated field holds the values
+    ``partial()`` and the literal lists of ``expand()`` / ``expand_kwargs()`` give it (an
+    upstream's values are not known before the run)."""
+
+    def __init__(self, task: Any, expand: tuple[tuple[str, Any], ...], kwargs: Any) -> None:
+        self._task = task
+        partial: Mapping[str, Any] = getattr(task, "partial_kwargs", None) or {}
+        literal = {a: v for a, v in expand if isinstance(v, list)}
+        sets = kwargs if isinstance(kwargs, list) else []
+        self._fields: dict[str, list[Any]] = {}
+        for field in getattr(task, "template_fields", ()) or ():
+            given = [partial.get(field), *literal.get(field, []), *(d.get(field) for d in sets)]
+            self._fields[field] = [v for v in given if v is not None]
+
+    def __getattr__(self, name: str) -> Any:
+        fields = self.__dict__.get("_fields", {})
+        return fields[name] if name in fields else getattr(self.__dict__["_task"], name)
 
 
 def _class_defers(task: Any) -> bool:
@@ -462,21 +484,21 @@ def _seconds(value: Any) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-_Expansion = tuple[str | None, str, dict[str, Any], Any]
-_UNMAPPED: _Expansion = (None, "item", {}, None)
+_Expansion = tuple[str | None, str, tuple[tuple[str, Any], ...], Any]
+_UNMAPPED: _Expansion = (None, "item", (), None)
 
 
 def _expansion(task: Any, render: Callable[[Any, Any], Any] | None) -> _Expansion:
-    """What a mapped task is expanded over: ``(map_over, map_arg, {}, None)`` for one argument
+    """What a mapped task is expanded over: ``(map_over, map_arg, (), None)`` for one argument
     over one unmapped upstream task's list (keyed by the item, or ``map_key_field``); else
-    ``(None, "item", expand, None)``: each argument's literal list or upstream marker (a mapped
-    upstream's list too), crossed in Airflow's map index order (``bridge.identity``); for
-    ``expand_kwargs()``, ``(None, "item", {}, source)``: its literal list of argument dicts or
+    ``(None, "item", expand, None)``: each argument with its literal list or upstream marker (a
+    mapped upstream's list too), crossed in Airflow's map index order (``bridge.identity``); for
+    ``expand_kwargs()``, ``(None, "item", (), source)``: its literal list of argument dicts or
     its upstream marker."""
     expand = getattr(task, "op_kwargs_expand_input", None) or getattr(task, "expand_input", None)
     value = getattr(expand, "value", None)
     if not isinstance(value, Mapping):
-        return None, "item", {}, _kwargs_source(value, render)
+        return None, "item", (), _kwargs_source(value, render)
     sources: dict[str, Any] = {}
     for arg, source in value.items():
         producer = getattr(source, "operator", None)
@@ -494,8 +516,8 @@ def _expansion(task: Any, render: Callable[[Any, Any], Any] | None) -> _Expansio
         ((arg, source),) = sources.items()
         upstream = source.get(UPSTREAM_MARKER) if isinstance(source, dict) else None
         if upstream is not None and not is_mapped(task.dag.get_task(upstream)):
-            return upstream, arg, {}, None
-    return None, "item", sources, None
+            return upstream, arg, (), None
+    return None, "item", tuple(sources.items()), None
 
 
 def _upstream_list(source: Any) -> dict[str, str]:
@@ -537,12 +559,16 @@ def _holds_xcom_arg(value: Any) -> bool:
 
 
 def _mapped_arguments(
-    map_over: str | None, map_arg: str, expand: dict[str, Any], kwargs: Any, params: list[str]
+    map_over: str | None,
+    map_arg: str,
+    expand: tuple[tuple[str, Any], ...],
+    kwargs: Any,
+    params: list[str],
 ) -> list[str]:
     """The arguments each mapped item passes (``expand_kwargs``'s: any of the callable's)."""
     if kwargs is not None:
         return [p for p in params if p != "fence"]
-    return [*expand] if expand else [map_arg] if map_over else []
+    return [a for a, _ in expand] if expand else [map_arg] if map_over else []
 
 
 def _callable_expansion(

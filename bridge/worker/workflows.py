@@ -356,7 +356,8 @@ class DagRunWorkflow:
         """An ``expand()`` of literal lists, several arguments or a mapped task's list: the
         cross product's items, keyed by their arguments (``bridge.identity.expanded_items``)."""
         task = template.task
-        lists = {arg: substitute(source, results) for arg, source in task.expand.items()}
+        # in expand()'s order (its last argument varies fastest)
+        lists = {arg: substitute(source, results) for arg, source in task.expand}
         for arg, values in lists.items():
             if not isinstance(values, list):
                 return TaskOutcome("failed", error=f"{task.task_id}: {arg} is not a list to map")

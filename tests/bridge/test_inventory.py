@@ -424,7 +424,7 @@ def test_mapping_over_a_mapped_task_maps_over_its_list() -> None:
     spec = _spec(translate(dag))
     assert spec["times_2"].map_over == "numbers"
     assert spec["add_10"].map_over is None
-    assert spec["add_10"].expand == {"x": {UPSTREAM_MARKER: "times_2"}}
+    assert spec["add_10"].expand == (("x", {UPSTREAM_MARKER: "times_2"}),)
 
 
 def test_literal_lists_and_several_arguments_expand_as_a_cross_product() -> None:
@@ -440,7 +440,11 @@ def test_literal_lists_and_several_arguments_expand_as_a_cross_product() -> None
 
         pair.partial(sep=":").expand(letter=["a", "b"], number=numbers())
     spec = _spec(translate(dag))
-    assert spec["pair"].expand == {"letter": ["a", "b"], "number": {UPSTREAM_MARKER: "numbers"}}
+    # in expand()'s order: the cross product's last argument varies fastest
+    assert spec["pair"].expand == (
+        ("letter", ["a", "b"]),
+        ("number", {UPSTREAM_MARKER: "numbers"}),
+    )
     assert spec["pair"].kwargs == {"sep": ":"}
 
 
@@ -461,7 +465,7 @@ def test_mapped_classic_operators_run_each_item_through_execute() -> None:
         BashOperator(task_id="show", bash_command="echo $V", env={"V": echo.output})
     spec = _spec(translate(dag))
     assert spec["echo"].kind is TaskKind.EXECUTE
-    assert spec["echo"].expand == {"bash_command": ["echo {{ ds }}", "x"]}
+    assert spec["echo"].expand == (("bash_command", ["echo {{ ds }}", "x"]),)
     # a classic operator taking a mapped task's output gets its list (resolved by the worker)
     assert spec["show"].upstream == ("echo",)
 
@@ -743,3 +747,16 @@ def test_an_asset_another_dag_declares_under_another_name_is_refused() -> None:
     refused(found["writes_by_uri"], "write", "asset conflict", "'s3://x/1'")
     assert found["writes_other"].ok, found["writes_other"].report()
     assert translate(named).ok  # alone, nothing conflicts
+
+
+def test_a_mapped_operators_templates_are_read_in_partial_and_literal_lists() -> None:
+    with _dag("mapped_templates") as dag:
+        lacking = "{{ prev_start_date_success }}"
+        BashOperator.partial(task_id="partial", env={"X": lacking}).expand(bash_command=["x"])
+        BashOperator.partial(task_id="listed").expand(bash_command=[f"echo {lacking}"])
+        BashOperator.partial(task_id="sets").expand_kwargs([{"bash_command": lacking}])
+        BashOperator.partial(task_id="fine").expand(bash_command=["echo {{ ds }}"])
+    translation = translate(dag)
+    for task_id in ("partial", "listed", "sets"):
+        refused(translation, task_id, "context variable", "prev_start_date_success")
+    assert "fine" not in {u.task_id for u in translation.untranslatable}
