@@ -387,8 +387,8 @@ def _pulled_ids(task: Any, ids_node: Any, wired: Collection[str]) -> list[Use]:
             uses.append(
                 Use(
                     "xcom_pull mapped",
-                    f"a template pulls mapped task {task_id!r}: Airflow returns the list of its "
-                    "items' results, the worker a dict keyed by item",
+                    f"a template pulls mapped task {task_id!r}: the worker's pull gives its "
+                    "whole list and ignores map_indexes; pass the task's output instead",
                 )
             )
     return uses
