@@ -9,6 +9,7 @@ runs, task instances and XComs), or ``[bridge] airflow_api_*`` in airflow.cfg.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -34,6 +35,28 @@ class AirflowSideRefused(RuntimeError):
 REFUSED = (401, 403)
 
 
+def _mapped_side(api: AirflowApi, run_path: str, tis: list[dict[str, Any]]) -> TaskSide:
+    """A mapped task's items as one side: their states and return values in map index order."""
+    from bridge.comparison import digest
+
+    tis = sorted(tis, key=lambda ti: int(ti["map_index"]))
+    states = {str(ti.get("state") or "none") for ti in tis}
+    state = states.pop() if len(states) == 1 else "failed"
+    values: list[Any] = []
+    for ti in tis:
+        path = f"{run_path}/taskInstances/{ti['task_id']}/xcomEntries/return_value"
+        try:
+            got = api.request("GET", path, params={"map_index": int(ti["map_index"])})
+        except AirflowApiError as exc:
+            if exc.status != 404:  # 404: the item pushed no return value (it returned None)
+                raise
+            continue
+        values.append(got.get("value"))
+    durations = [ti["duration"] for ti in tis if ti.get("duration") is not None]
+    ms = round(sum(durations) * 1000) if durations else None
+    return TaskSide(state, ms, {"return_value": digest(values)} if state == "success" else {})
+
+
 def run_id_of(source: str) -> str | None:
     """The Airflow run id a whole-DAG shadow compares with, or None (another kind of run)."""
     return source.removeprefix(SOURCE_PREFIX) if source.startswith(SOURCE_PREFIX) else None
@@ -51,7 +74,10 @@ def _api() -> AirflowApi:
 
 
 def airflow_tasks(dag_id: str, run_id: str) -> dict[str, TaskSide]:
-    """Each (unmapped) task of the run: its state, duration and XCom digests.
+    """Each task of the run: its state, duration and XCom digests. A mapped task is one side,
+    as the bridge's result holds it: its ``return_value`` is the list of its items' return
+    values in map index order (those that pushed one), its state ``success`` when every item
+    succeeded (else the one state they share, or ``failed``), its duration the items' sum.
 
     Raises:
         AirflowSideUnavailable: no API configured, or it answered with an error.
@@ -62,8 +88,10 @@ def airflow_tasks(dag_id: str, run_id: str) -> dict[str, TaskSide]:
     try:
         sides: dict[str, TaskSide] = {}
         run = quote(run_id, safe="")
+        mapped: dict[str, list[dict[str, Any]]] = {}
         for ti in api.task_instances(dag_id, run_id):
             if ti.get("map_index", -1) != -1:
+                mapped.setdefault(ti["task_id"], []).append(ti)
                 continue
             task_id = ti["task_id"]
             state = str(ti.get("state") or "none")
@@ -79,6 +107,8 @@ def airflow_tasks(dag_id: str, run_id: str) -> dict[str, TaskSide]:
             sides[task_id] = TaskSide(
                 state, round(duration * 1000) if duration is not None else None, xcoms
             )
+        for task_id, tis in mapped.items():
+            sides[task_id] = _mapped_side(api, f"/api/v2/dags/{dag_id}/dagRuns/{run}", tis)
         return sides
     except AirflowApiError as exc:
         if exc.status in REFUSED:

@@ -234,7 +234,7 @@ def record_primary(store: LeaseStore, result: DagRunResult) -> None:
                 "primary_ms": result.duration_ms,
                 "primary_digests": Jsonb(
                     {
-                        t: digest(o.result)
+                        t: digest(o.items or o.result)
                         for t, o in result.tasks.items()
                         if o.status == "succeeded"
                     }
@@ -393,7 +393,8 @@ def _shadow_side(shadow: DagRunResult) -> _Side:
     side = _Side(status=shadow.status, ms=shadow.duration_ms, digests={}, items={})
     for task_id, outcome in shadow.tasks.items():
         if outcome.status == "succeeded":
-            side.digests[task_id] = digest(outcome.result)
+            # a mapped task by item, as the primary's lease rows are read
+            side.digests[task_id] = digest(outcome.items or outcome.result)
         if "items" in outcome.captured:
             side.items[task_id] = sorted(outcome.captured["items"])
         if outcome.captured.get("calls"):

@@ -25,6 +25,10 @@ def graph_problems(spec: DagSpec) -> list[str]:
                 problems.append(f"task {task.task_id!r} uses the result of {ref!r} not upstream")
         if task.map_over is not None and task.map_over not in task.upstream:
             problems.append(f"task {task.task_id!r} is mapped over {task.map_over!r} not upstream")
+        over: set[str] = set()
+        _collect([*(source for _, source in task.expand), task.expand_kwargs], over)
+        for ref in sorted(over - set(task.upstream)):
+            problems.append(f"task {task.task_id!r} is mapped over {ref!r} not upstream")
     if not problems and len(topological(spec)) != len(spec.tasks):
         problems.append("the task graph has a cycle")
     return problems

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -127,4 +130,52 @@ def map_items(values: list[Any], field: str | None) -> tuple[tuple[str, Any], ..
             )
         first[key] = index
         items.append((key, value))
+    return tuple(items)
+
+
+def expand_key(arguments: dict[str, Any]) -> str:
+    """The name of one item of an ``expand()`` that is not one argument over one upstream list:
+    the item itself when it is one string or integer argument (as an upstream list's item is
+    keyed), else ``args-`` and a digest of its arguments (names and values). Never its position:
+    a list reordered between two attempts must not hand one item's record to another."""
+    if len(arguments) == 1:
+        (value,) = arguments.values()
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            return escape_map_key(value)
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=repr)
+    return "args-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def expanded_items(lists: dict[str, list[Any]]) -> tuple[tuple[str, Any], ...]:
+    """The items of an ``expand()`` over ``lists`` (argument -> its values): their cross product
+    in Airflow's map index order (the last argument varies fastest), each an argument dict with
+    its ``expand_key``.
+
+    Raises:
+        InvalidLeaseInput: two items have the same arguments (they would key alike: the second
+            would be handed the first one's result and never run).
+    """
+    combos = itertools.product(*lists.values())
+    return keyed_items([dict(zip(lists, values, strict=True)) for values in combos])
+
+
+def keyed_items(argument_sets: list[dict[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    """Mapped items given as argument dicts (an ``expand_kwargs`` list, or ``expanded_items``'
+    cross product), each with its ``expand_key``, in their order.
+
+    Raises:
+        InvalidLeaseInput: two items have the same arguments.
+    """
+    items: list[tuple[str, Any]] = []
+    first: dict[str, int] = {}
+    for index, arguments in enumerate(argument_sets):
+        key = expand_key(arguments)
+        if key in first:
+            raise InvalidLeaseInput(
+                f"mapped item {first[key]} ({items[first[key]][1]!r}) and item {index} "
+                f"({arguments!r}) have the same arguments and both key as {key!r}: each item "
+                "of a mapped task needs arguments of its own"
+            )
+        first[key] = index
+        items.append((key, arguments))
     return tuple(items)

@@ -95,6 +95,15 @@ class TaskSpec:
             durable timers); None for any other task.
         context_args: the context arguments (``ti``, ``task_state_store``, ...) a mapped
             callable takes, which the worker passes each item as Airflow's task runner does.
+        expand: Airflow's ``expand()`` arguments when they are not one argument over one
+            unmapped upstream list (``map_over``): ``(argument, source)`` pairs in ``expand()``'s
+            order (a payload's dict keys come back sorted), each source a literal list or an
+            upstream marker (a mapped upstream stands for its list). The items are their cross
+            product in Airflow's map index order (the last argument varies fastest), each keyed
+            by ``bridge.identity.expand_key``; for an ordinary task only.
+        expand_kwargs: Airflow's ``expand_kwargs()`` source: a literal list of argument dicts
+            or an upstream marker (a task returning one); one item per dict, in list order,
+            keyed as an ``expand`` item; None: not mapped so.
     """
 
     task_id: str
@@ -118,6 +127,13 @@ class TaskSpec:
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
     sensor: SensorSpec | None = None
     context_args: tuple[str, ...] = ()
+    expand: tuple[tuple[str, Any], ...] = ()
+    expand_kwargs: Any = None
+
+    @property
+    def mapped(self) -> bool:
+        """True for a mapped task (one activity per item)."""
+        return self.map_over is not None or bool(self.expand) or self.expand_kwargs is not None
 
 
 # Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
@@ -287,6 +303,9 @@ class TaskOutcome:
     captured: dict[str, Any] = dataclasses.field(default_factory=dict)
     xcoms: dict[str, Any] = dataclasses.field(default_factory=dict)
     skip: tuple[str, ...] = ()
+    #: a mapped task's results by item name (its lease keys' map keys); ``result`` is then the
+    #: list Airflow hands on (the items' non-None results in map index order)
+    items: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

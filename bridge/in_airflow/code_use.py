@@ -301,12 +301,15 @@ def _xcom_arg_uses(field: str, value: Any, depth: int) -> list[Use]:
         return []
     if hasattr(value, "operator") and hasattr(value, "key"):
         producer = value.operator
-        if is_mapped(producer):
+        # a mapped task's output is its list of results (bridge.worker.execution resolves it);
+        # one in a mapped task group is a list per group index, which the bridge does not run
+        in_group = is_mapped(producer) and not getattr(producer, "is_mapped", False)
+        if in_group:
             return [
                 Use(
                     "mapped results",
-                    f"its {field} takes mapped task {producer.task_id!r}'s results: Airflow "
-                    "passes the list of its items' results, the worker a dict keyed by item",
+                    f"its {field} takes {producer.task_id!r}'s results in a mapped task group: "
+                    "the bridge maps single tasks only",
                 )
             ]
         return []
@@ -384,8 +387,8 @@ def _pulled_ids(task: Any, ids_node: Any, wired: Collection[str]) -> list[Use]:
             uses.append(
                 Use(
                     "xcom_pull mapped",
-                    f"a template pulls mapped task {task_id!r}: Airflow returns the list of its "
-                    "items' results, the worker a dict keyed by item",
+                    f"a template pulls mapped task {task_id!r}: the worker's pull gives its "
+                    "whole list and ignores map_indexes; pass the task's output instead",
                 )
             )
     return uses

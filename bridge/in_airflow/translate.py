@@ -203,7 +203,8 @@ def task_spec(
 
     Runs unchanged: ``@task`` / PythonOperator callables, ``ExactlyOnceOperator`` /
     ``@exactly_once_task`` bodies (they get the same ``Fence``), EmptyOperator, mapped versions
-    of these expanded over one upstream task's list, and any other operator whose
+    of these and of other operators (``expand()`` over upstream or literal lists, several
+    arguments, a mapped task's list; ``expand_kwargs()``), and any other operator whose
     ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
     rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
     (``bridge.worker.execution``); sensors with a ``poke`` of their own, which the workflow pokes
@@ -211,15 +212,15 @@ def task_spec(
     translated, with the reason: sensors without a ``poke`` of their own, deferrable operators
     (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
     code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
-    ``airflow.models``), operators that cannot be copied, mapped operators without a Python
-    callable, branching and short-circuit operators, non-default trigger rules, cross-DAG
-    operators, and Python-callable arguments holding Jinja templates (only Airflow renders
-    them); and what Airflow does around the code that the worker does not (setup/teardown,
-    callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere:
-    a mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what the code
-    uses that the worker does not give it (``bridge.in_airflow.code_use``: context arguments,
-    XCom keys, skip exceptions, a fenced ``async def``, template context the worker lacks,
-    a virtualenv callable importing Airflow). MIGRATION.md lists every refusal.
+    ``airflow.models``), operators that cannot be copied, mapped operators the worker cannot
+    unmap (serialized, branching), branching and short-circuit operators, non-default trigger
+    rules, cross-DAG operators, and Python-callable arguments holding Jinja templates (only
+    Airflow renders them); and what Airflow does around the code that the worker does not
+    (setup/teardown, callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run
+    elsewhere: a mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what
+    the code uses that the worker does not give it (``bridge.in_airflow.code_use``: context
+    arguments, XCom keys, skip exceptions, a fenced ``async def``, template context the worker
+    lacks, a virtualenv callable importing Airflow). MIGRATION.md lists every refusal.
 
     Raises:
         NotTranslatable: with the reason.
@@ -251,11 +252,14 @@ def task_spec(
     kwargs = dict(
         (getattr(task, "op_kwargs", None) if not mapped else partial.get("op_kwargs")) or {}
     )
-    map_over, map_arg = _expansion(task) if mapped else (None, "item")
     params = list(inspect.signature(fn).parameters)
+    map_over, map_arg, expand, expand_kwargs = (
+        _callable_expansion(task, render, "fence" in params) if mapped else _UNMAPPED
+    )
     # the worker passes the fence first when it is the first parameter, then the arguments
     positional = params[1:] if params[:1] == ["fence"] else params
-    passed = {*kwargs, *positional[: len(args)], "fence", *([map_arg] if mapped else [])}
+    mapped_args = _mapped_arguments(map_over, map_arg, expand, expand_kwargs, params)
+    passed = {*kwargs, *positional[: len(args)], "fence", *mapped_args}
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
     uses = callable_uses(fn, passed=passed, wired=ancestors, task_id=task.task_id)
     try:
@@ -298,6 +302,8 @@ def task_spec(
         side_effect_free=side_effect_free,
         map_over=map_over,
         map_arg=map_arg,
+        expand=expand,
+        expand_kwargs=expand_kwargs,
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         context_args=context_args,
         **common,
@@ -356,16 +362,31 @@ def _operator_spec(
     """An operator whose ``execute(context)`` the worker runs after rebuilding it from its DAG
     folder and rendering its templated fields (``bridge.worker.execution``). A ``sensor``'s
     code may defer: the workflow carries its deferral."""
+    expand: tuple[tuple[str, Any], ...] = ()
+    expand_kwargs: Any = None
+    cls_of = type(task)
+    flagged = hasattr(task, "deferrable")
     if mapped:
-        raise NotTranslatable(
-            "a mapped operator without a Python callable: map a @task over the list instead",
-            "mapped operator",
-        )
-    if "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
+        # each item runs the operator Airflow's task runner unmaps for it (``unmap``)
+        # its templated fields, expanded ones too, are rendered by the worker (as in Airflow)
+        _, _, expand, expand_kwargs = _expansion(task, lambda value, _: value)
+        cls_of = task.operator_class
+        if not isinstance(cls_of, type) or names & SKIPPING:
+            raise NotTranslatable(
+                "a mapped operator the worker cannot unmap (serialized, branching): translate "
+                "from the DAG file",
+                "mapped operator",
+            )
+        flagged = "deferrable" in inspect.signature(cls_of.__init__).parameters
+        sources = [u.get(UPSTREAM_MARKER) for _, u in expand if isinstance(u, dict)]
+        arg = next((a for a, u in expand if not isinstance(u, dict | list)), None)
+        if arg is not None or any(s is None for s in sources):
+            raise NotTranslatable(f"mapped over {arg!r}: not a list", "expand")
+    elif "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
         raise NotTranslatable(
             "a serialized task: translate from the DAG file, not the DB", "serialized"
         )
-    for cls in type(task).__mro__:
+    for cls in cls_of.__mro__:
         if cls.__module__.startswith(_NOT_SCANNED):
             continue
         try:
@@ -374,7 +395,7 @@ def _operator_spec(
             continue
         # an operator with a deferrable flag (False here, see _refuse_kinds) defers only when
         # asked to; one without the flag may defer whenever its code says so
-        if _DEFERS in source and not hasattr(task, "deferrable") and not sensor:
+        if _DEFERS in source and not flagged and not sensor:
             raise NotTranslatable(
                 f"deferrable: {cls.__name__} calls defer(), which waits on an Airflow trigger",
                 "deferrable",
@@ -393,7 +414,8 @@ def _operator_spec(
     # Airflow lets an operator pull any task of its run that ran before it: every ancestor
     # becomes an upstream (already implied under all_success), so the workflow passes its result
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
-    uses = template_uses(task, wired=ancestors)
+    fields = _MappedFields(task, expand, expand_kwargs) if mapped else task
+    uses = template_uses(fields, wired=ancestors)
     if uses:
         raise NotTranslatable(uses[0].reason, uses=uses)
     xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
@@ -401,10 +423,32 @@ def _operator_spec(
         task.task_id,
         kind=TaskKind.EXECUTE,
         kwargs={XCOM_ARGUMENT: xcom},
+        expand=expand,
+        expand_kwargs=expand_kwargs,
         side_effect_free=side_effect_free,
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
         **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
+
+
+class _MappedFields:
+    """A mapped operator as ``template_uses`` reads it: each templated field holds the values
+    ``partial()`` and the literal lists of ``expand()`` / ``expand_kwargs()`` give it (an
+    upstream's values are not known before the run)."""
+
+    def __init__(self, task: Any, expand: tuple[tuple[str, Any], ...], kwargs: Any) -> None:
+        self._task = task
+        partial: Mapping[str, Any] = getattr(task, "partial_kwargs", None) or {}
+        literal = {a: v for a, v in expand if isinstance(v, list)}
+        sets = kwargs if isinstance(kwargs, list) else []
+        self._fields: dict[str, list[Any]] = {}
+        for field in getattr(task, "template_fields", ()) or ():
+            given = [partial.get(field), *literal.get(field, []), *(d.get(field) for d in sets)]
+            self._fields[field] = [v for v in given if v is not None]
+
+    def __getattr__(self, name: str) -> Any:
+        fields = self.__dict__.get("_fields", {})
+        return fields[name] if name in fields else getattr(self.__dict__["_task"], name)
 
 
 def _class_defers(task: Any) -> bool:
@@ -446,34 +490,105 @@ def _seconds(value: Any) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def _expansion(task: Any) -> tuple[str, str]:
+_Expansion = tuple[str | None, str, tuple[tuple[str, Any], ...], Any]
+_UNMAPPED: _Expansion = (None, "item", (), None)
+
+
+def _expansion(task: Any, render: Callable[[Any, Any], Any] | None) -> _Expansion:
+    """What a mapped task is expanded over: ``(map_over, map_arg, (), None)`` for one argument
+    over one unmapped upstream task's list (keyed by the item, or ``map_key_field``); else
+    ``(None, "item", expand, None)``: each argument with its literal list or upstream marker (a
+    mapped upstream's list too), crossed in Airflow's map index order (``bridge.identity``); for
+    ``expand_kwargs()``, ``(None, "item", (), source)``: its literal list of argument dicts or
+    its upstream marker."""
     expand = getattr(task, "op_kwargs_expand_input", None) or getattr(task, "expand_input", None)
     value = getattr(expand, "value", None)
     if not isinstance(value, Mapping):
+        return None, "item", (), _kwargs_source(value, render)
+    sources: dict[str, Any] = {}
+    for arg, source in value.items():
+        producer = getattr(source, "operator", None)
+        if producer is not None and hasattr(source, "key"):
+            sources[arg] = _upstream_list(source)
+        elif isinstance(source, list | tuple):
+            sources[arg] = _arguments(list(source), render)
+        else:
+            raise NotTranslatable(
+                f"mapped over a {type(source).__name__} (.map(), zip(), concat(), a dict): "
+                "map over a list or a task's own output",
+                "expand",
+            )
+    if len(sources) == 1:
+        ((arg, source),) = sources.items()
+        upstream = source.get(UPSTREAM_MARKER) if isinstance(source, dict) else None
+        if upstream is not None and not is_mapped(task.dag.get_task(upstream)):
+            return upstream, arg, (), None
+    return None, "item", tuple(sources.items()), None
+
+
+def _upstream_list(source: Any) -> dict[str, str]:
+    """The upstream marker of an XComArg mapped over: a task's own output (a mapped task's is
+    its list), never an XCom key or a task in a mapped task group."""
+    producer = source.operator
+    if source.key != RETURN_KEY:
         raise NotTranslatable(
-            "expand_kwargs / a list of argument sets: map over one argument instead",
-            "expand_kwargs",
-        )
-    if len(value) != 1:
-        raise NotTranslatable(
-            "mapped over more than one argument (a cross product): map over one", "expand"
-        )
-    ((arg, source),) = value.items()
-    producer = getattr(source, "operator", None)
-    upstream = getattr(producer, "task_id", None)
-    if upstream is None or getattr(source, "key", RETURN_KEY) != RETURN_KEY:
-        raise NotTranslatable(
-            "mapped over something other than an upstream task's result (a literal list, "
-            ".map(), zip(), an XCom key)",
+            f"mapped over XCom key {source.key!r} of {producer.task_id!r}: map over a task's "
+            "own output",
             "expand",
         )
-    if is_mapped(producer):
+    if is_mapped(producer) and "MappedOperator" not in class_names(producer):
         raise NotTranslatable(
-            f"mapped over mapped task {upstream!r}: the worker hands on a dict of its items' "
-            "results, not a list to map",
+            f"mapped over {producer.task_id!r} in a mapped task group: map over a single "
+            "task's output",
             "map over mapped",
         )
-    return upstream, arg
+    return {UPSTREAM_MARKER: producer.task_id}
+
+
+def _kwargs_source(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
+    """``expand_kwargs()``'s source: an upstream task's output, or a literal list of argument
+    dicts of literal values (an XComArg inside one is not resolved per item by the bridge)."""
+    if hasattr(value, "operator") and hasattr(value, "key"):
+        return _upstream_list(value)
+    if isinstance(value, list | tuple) and all(isinstance(d, Mapping) for d in value):
+        if not any(_holds_xcom_arg(v) for d in value for v in d.values()):
+            return [dict(d) for d in _arguments([dict(d) for d in value], render)]
+    raise NotTranslatable(
+        "expand_kwargs over something other than a task's output or a literal list of "
+        "argument dicts of values (an XComArg in one, .map(), zip())",
+        "expand_kwargs",
+    )
+
+
+def _holds_xcom_arg(value: Any) -> bool:
+    return "XComArg" in {c.__name__ for c in type(value).__mro__}
+
+
+def _mapped_arguments(
+    map_over: str | None,
+    map_arg: str,
+    expand: tuple[tuple[str, Any], ...],
+    kwargs: Any,
+    params: list[str],
+) -> list[str]:
+    """The arguments each mapped item passes (``expand_kwargs``'s: any of the callable's)."""
+    if kwargs is not None:
+        return [p for p in params if p != "fence"]
+    return [a for a, _ in expand] if expand else [map_arg] if map_over else []
+
+
+def _callable_expansion(
+    task: Any, render: Callable[[Any, Any], Any] | None, fenced: bool
+) -> _Expansion:
+    """A mapped callable's expansion (``_expansion``); a protected one keeps its one form."""
+    _, _, expand, expand_kwargs = found = _expansion(task, render)
+    if (expand or expand_kwargs is not None) and fenced:
+        raise NotTranslatable(
+            "a protected task mapped over a literal list, several arguments or a mapped task: "
+            "map one argument over one upstream task's list (keyed by map_key_field)",
+            "expand",
+        )
+    return found
 
 
 def _importable(fn: Callable[..., Any]) -> str | None:
@@ -494,12 +609,8 @@ def _arguments(value: Any, render: Callable[[Any, Any], Any] | None) -> Any:
                 f"uses XCom key {value.key!r} of {producer.task_id!r}",
                 uses=[Use(construct, f"XCom key {value.key!r}", carried=True)],
             )
-        if is_mapped(producer):
-            raise NotTranslatable(
-                f"takes mapped task {producer.task_id!r}'s results: Airflow passes the list of "
-                "its items' results, the worker a dict keyed by item",
-                "mapped results",
-            )
+        # a mapped producer's result is Airflow's list of its items' results, in map index
+        # order (bridge.worker.workflows._merge), whatever its items' lease keys
         return {UPSTREAM_MARKER: producer.task_id}
     if "XComArg" in type(value).__name__:  # .map(), zip(), concat()
         raise NotTranslatable(

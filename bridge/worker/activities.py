@@ -128,7 +128,7 @@ class BridgeActivities:
                 holder,
                 ttl=spec.lease_ttl_s,
                 business_date=first_day(inp.business_date),
-                input={"map_value": inp.map_value} if spec.map_over else None,
+                input={"map_value": inp.map_value} if spec.mapped else None,
             )
         except LeaseStoreUnavailable as exc:
             activity.logger.warning("lease store unavailable for %s: %s", key, exc)
@@ -234,6 +234,8 @@ class BridgeActivities:
         kwargs = substitute(dict(spec.kwargs), inp.upstream)
         if spec.map_over is not None:
             kwargs[spec.map_arg] = inp.map_value
+        elif spec.expand or spec.expand_kwargs is not None:  # the item's arguments, by name
+            kwargs.update(inp.map_value)
         if not spec.fenced:
             with self._item_context(inp, fence, kwargs):
                 result = fn(*args, **kwargs)
@@ -279,6 +281,9 @@ class BridgeActivities:
 
         info = activity.info()
         task = self.catalog.operator(inp.dag_id, inp.task.task_id)
+        if inp.task.kind is TaskKind.EXECUTE and inp.task.mapped:
+            # a mapped operator: the item's operator, as Airflow's task runner unmaps it
+            task = task.unmap(inp.map_value)
         run, ds = business_run(
             inp.dag_id,
             info.workflow_id or "",
@@ -297,6 +302,8 @@ class BridgeActivities:
             ds=ds,
             upstream_xcoms=inp.upstream_xcoms,
         )
+        if inp.task.mapped:
+            context["ti"].map_index = inp.map_index
         assets = asset_state_stores(self.store, task, mode=inp.mode, run_id=run.run_id)
         if assets is not None:  # as Airflow: only for a task with a concrete asset
             context[ASSET_STATE] = assets

@@ -263,6 +263,7 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
     # as the task runner's prepare_for_execution: no XComArg wiring on the attributes execute
     # sets (PythonOperator assigns op_kwargs the context, whose objects would be walked)
     task._lock_for_execution = True
+    _mapped_results_in_fields(task, context["ti"])
     with set_current_context(cast("Context", context)):  # as the task runner sets it
         task.render_template_fields(context)
         calls = contextvars.copy_context()
@@ -275,6 +276,31 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
             result = calls.run(type(task).execute, task, context)
         task.post_execute(context, result)
     return result
+
+
+def _mapped_results_in_fields(task: Any, ti: WorkerTaskInstance) -> None:
+    """A templated field holding a mapped task's output (``values=mapped.output``) gets that
+    task's list of results, in map index order, as the workflow handed it on: Airflow's
+    ``LazyXComSequence`` reads them from its API server, which a worker does not reach."""
+
+    def resolved(value: Any, depth: int = 0) -> Any:
+        if depth > 5:
+            return value
+        operator = getattr(value, "operator", None)
+        if operator is not None and hasattr(value, "key") and getattr(operator, "is_mapped", False):
+            return ti.xcom_pull(task_ids=operator.task_id, key=value.key)
+        if isinstance(value, dict):
+            return {k: resolved(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(resolved(v, depth + 1) for v in value)
+        return value
+
+    for field in getattr(task, "template_fields", ()):
+        if hasattr(task, field):
+            value = getattr(task, field)
+            new = resolved(value)
+            if new is not value:
+                setattr(task, field, new)
 
 
 class _ThreadContexts(list[Any]):

@@ -25,8 +25,14 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from airflow_plugins.lease import InvalidLeaseInput
     from bridge.comparison import CompareInput
-    from bridge.graph import graph_problems, referenced, shadow_refusals, topological
-    from bridge.identity import map_items, tick_business_date, workflow_id
+    from bridge.graph import graph_problems, referenced, shadow_refusals, substitute, topological
+    from bridge.identity import (
+        expanded_items,
+        keyed_items,
+        map_items,
+        tick_business_date,
+        workflow_id,
+    )
     from bridge.sensor_wait import next_poke_s
     from bridge.spec import (
         DagRunInput,
@@ -46,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
     from bridge.worker.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
 
 PARALLEL_ITEMS = 50
+#: runs before it handed a mapped task's results on as a dict keyed by item
+MAPPED_LIST_PATCH = "mapped-results-as-list"
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
 
@@ -312,6 +320,8 @@ class DagRunWorkflow:
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])
+        if task.expand or task.expand_kwargs is not None:
+            return await self._expanded(inp, template, results)
         if task.sensor is not None:
             return await sense(template)
         try:
@@ -338,6 +348,35 @@ class DagRunWorkflow:
             items = map_items(values, task.map_key_field)
         except InvalidLeaseInput as exc:
             return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
+        return await self._items(inp, template, items)
+
+    async def _expanded(
+        self, inp: DagRunInput, template: TaskInput, results: dict[str, Any]
+    ) -> TaskOutcome:
+        """An ``expand()`` of literal lists, several arguments or a mapped task's list: the
+        cross product's items, keyed by their arguments (``bridge.identity.expanded_items``)."""
+        task = template.task
+        # in expand()'s order (its last argument varies fastest)
+        lists = {arg: substitute(source, results) for arg, source in task.expand}
+        for arg, values in lists.items():
+            if not isinstance(values, list):
+                return TaskOutcome("failed", error=f"{task.task_id}: {arg} is not a list to map")
+        sets = substitute(task.expand_kwargs, results)
+        if task.expand_kwargs is not None and (
+            not isinstance(sets, list) or not all(isinstance(s, dict) for s in sets)
+        ):
+            return TaskOutcome("failed", error=f"{task.task_id}: not a list of argument dicts")
+        try:
+            items = keyed_items(sets) if task.expand_kwargs is not None else expanded_items(lists)
+        except InvalidLeaseInput as exc:
+            return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
+        if not items:  # as Airflow: a mapped task over nothing is skipped
+            return TaskOutcome(SKIPPED)
+        return await self._items(inp, template, items)
+
+    async def _items(
+        self, inp: DagRunInput, template: TaskInput, items: tuple[tuple[str, Any], ...]
+    ) -> TaskOutcome:
         if len(items) <= inp.fanout_threshold:
             got = await _run_items(template, items, PARALLEL_ITEMS)
             results = [r if isinstance(r, TaskResult) else None for r in got]
@@ -400,9 +439,16 @@ def _merge(
     captured: dict[str, Any] = {}
     if captured_items or captured_rows or captured_calls:
         captured = {"items": captured_items, "rows": captured_rows, "calls": captured_calls}
-    if failed:
-        return TaskOutcome("failed", values, "; ".join(failed[:10]), duration, tuple(keys))
-    return TaskOutcome("succeeded", values, None, duration, tuple(keys), captured)
+    result: Any = values
+    if workflow.patched(MAPPED_LIST_PATCH):
+        # as Airflow hands a mapped task's results on: a list in map index order (the items'
+        # order), of the items that returned something (Airflow pushes no XCom for None)
+        result = [v for v in values.values() if v is not None]
+    status = "failed" if failed else "succeeded"
+    error = "; ".join(failed[:10]) if failed else None
+    return TaskOutcome(
+        status, result, error, duration, tuple(keys), {} if failed else captured, items=values
+    )
 
 
 @workflow.defn(name="bridge.ScheduledDag")

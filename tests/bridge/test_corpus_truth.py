@@ -208,26 +208,45 @@ def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dic
     for dag_id, run_id in runs.items():
         run = harness.wait_for_run_state(dag_id, run_id, timeout=RUN_TIMEOUT_S)
         assert run.get("partition_key") == partition_of(dag_id, day), run
-        tasks: Seen = {}
+        by_task: dict[str, list[dict[str, Any]]] = {}
         for ti in api.task_instances(dag_id, run_id):
-            task_id = ti["task_id"]
-            try:
-                entry = api.request(
-                    "GET",
-                    f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
-                    "/xcomEntries/return_value",
-                    # the stored value: the API's ``deserialize`` JSON-decodes a stored string
-                    # once more (a task's "1" reads back as 1)
-                    params={"deserialize": "false", "stringify": "false"},
-                )
-                value = entry["value"]
-            except AirflowApiError as exc:
-                if "404" not in str(exc):
-                    raise
-                value = None
-            tasks[task_id] = (str(ti["state"]), _normal(value, run_id))
+            by_task.setdefault(ti["task_id"], []).append(ti)
+        tasks: Seen = {}
+        for task_id, tis in by_task.items():
+            tis.sort(key=lambda ti: int(ti.get("map_index", -1)))
+            states = {str(ti["state"]) for ti in tis}
+            state = states.pop() if len(states) == 1 else "failed"
+            values = [_return_value(api, dag_id, run_id, ti) for ti in tis]
+            if int(tis[0].get("map_index", -1)) >= 0:
+                # a mapped task: what Airflow hands on, its items' XComs in map index order
+                value: Any = [v for v in values if v is not None]
+            else:
+                value = values[0]
+            tasks[task_id] = (state, _normal(value, run_id))
         seen[dag_id] = tasks
     return seen
+
+
+def _return_value(api: Any, dag_id: str, run_id: str, ti: dict[str, Any]) -> Any:
+    """A task instance's ``return_value`` XCom (None: it pushed none)."""
+    try:
+        entry = api.request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}"
+            "/xcomEntries/return_value",
+            # the stored value: the API's ``deserialize`` JSON-decodes a stored string once
+            # more (a task's "1" reads back as 1)
+            params={
+                "deserialize": "false",
+                "stringify": "false",
+                "map_index": int(ti.get("map_index", -1)),
+            },
+        )
+    except AirflowApiError as exc:
+        if "404" not in str(exc):
+            raise
+        return None
+    return entry["value"]
 
 
 async def _result_of(client: Client, wid: str) -> DagRunResult:

@@ -28,7 +28,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from bridge.in_airflow.code_use import WORKER_CONTEXT
 from bridge.in_airflow.translate import Translation, Untranslatable, inventory, translate
-from bridge.spec import TaskKind
+from bridge.spec import UPSTREAM_MARKER, TaskKind
 from bridge.worker.execution import business_run, run_operator, template_context
 from tests.bridge.conftest import REPO
 from tests.bridge.corpus import corpus_dags, dag_bag
@@ -472,7 +472,7 @@ def test_run_if_is_refused() -> None:
 # --- dynamic task mapping --------------------------------------------------------------------
 
 
-def test_mapping_over_a_mapped_task_is_refused() -> None:
+def test_mapping_over_a_mapped_task_maps_over_its_list() -> None:
     with _dag("map_over_mapped") as dag:
 
         @task
@@ -488,11 +488,85 @@ def test_mapping_over_a_mapped_task_is_refused() -> None:
             return x + 10
 
         add_10.expand(x=times_2.expand(x=numbers()))
-    refused(translate(dag), "add_10", "map over mapped", "'times_2'")
+    spec = _spec(translate(dag))
+    assert spec["times_2"].map_over == "numbers"
+    assert spec["add_10"].map_over is None
+    assert spec["add_10"].expand == (("x", {UPSTREAM_MARKER: "times_2"}),)
 
 
-def test_a_consumer_of_a_mapped_tasks_results_is_refused() -> None:
+def test_literal_lists_and_several_arguments_expand_as_a_cross_product() -> None:
+    with _dag("cross_product") as dag:
+
+        @task
+        def numbers() -> list[int]:
+            return [1, 2]
+
+        @task
+        def pair(letter: str, number: int, sep: str = "-") -> str:
+            return f"{letter}{sep}{number}"
+
+        pair.partial(sep=":").expand(letter=["a", "b"], number=numbers())
+    spec = _spec(translate(dag))
+    # in expand()'s order: the cross product's last argument varies fastest
+    assert spec["pair"].expand == (
+        ("letter", ["a", "b"]),
+        ("number", {UPSTREAM_MARKER: "numbers"}),
+    )
+    assert spec["pair"].kwargs == {"sep": ":"}
+
+
+def test_a_protected_task_maps_one_argument_over_one_upstream_list_only() -> None:
+    with _dag("protected_literal") as dag:
+
+        @task
+        def charge(fence: Any, customer: str) -> None:
+            return None
+
+        charge.expand(customer=["acme", "globex"])
+    refused(translate(dag), "charge", "expand", "map_key_field")
+
+
+def test_mapped_classic_operators_run_each_item_through_execute() -> None:
+    with _dag("mapped_operators") as dag:
+        echo = BashOperator.partial(task_id="echo").expand(bash_command=["echo {{ ds }}", "x"])
+        BashOperator(task_id="show", bash_command="echo $V", env={"V": echo.output})
+    spec = _spec(translate(dag))
+    assert spec["echo"].kind is TaskKind.EXECUTE
+    assert spec["echo"].expand == (("bash_command", ["echo {{ ds }}", "x"]),)
+    # a classic operator taking a mapped task's output gets its list (resolved by the worker)
+    assert spec["show"].upstream == ("echo",)
+
+
+def test_mapping_over_an_xcom_transform_or_a_dict_is_refused() -> None:
+    with _dag("map_transform") as dag:
+
+        @task
+        def numbers() -> list[int]:
+            return [1, 2]
+
+        @task
+        def show(x: int) -> int:
+            return x
+
+        show.expand(x=numbers().map(lambda n: n + 1))
+        show.override(task_id="by_dict").expand(x={"a": 1})
+    translation = translate(dag)
+    refused(translation, "show", "expand", ".map()")
+    refused(translation, "by_dict", "expand", "a dict")
+
+
+def _spec(translation: Translation) -> dict[str, Any]:
+    assert translation.ok, translation.report()
+    assert translation.spec is not None
+    return {t.task_id: t for t in translation.spec.tasks}
+
+
+def test_a_consumer_of_a_mapped_tasks_results_takes_them_as_airflows_list() -> None:
     with _dag("reduce_mapped") as dag:
+
+        @task
+        def numbers() -> list[int]:
+            return [1, 2, 3]
 
         @task
         def add_one(x: int) -> int:
@@ -502,10 +576,14 @@ def test_a_consumer_of_a_mapped_tasks_results_is_refused() -> None:
         def sum_it(values: list[int]) -> int:
             return sum(values)
 
-        sum_it(add_one.expand(x=[1, 2, 3]))
+        sum_it(add_one.expand(x=numbers()))
     translation = translate(dag)
-    refused(translation, "sum_it", "mapped results", "'add_one'", "dict keyed by item")
-    refused(translation, "add_one", "expand", "literal list")
+    assert translation.ok, translation.report()
+    assert translation.spec is not None
+    tasks = {t.task_id: t for t in translation.spec.tasks}
+    assert tasks["add_one"].map_over == "numbers"
+    # the workflow hands the mapped task's result on as a list in map index order
+    assert tasks["sum_it"].args == ({UPSTREAM_MARKER: "add_one"},)
 
 
 def test_a_mapped_task_group_is_refused() -> None:
@@ -527,19 +605,29 @@ def test_a_mapped_task_group_is_refused() -> None:
     refused(translate(dag), "per_value.double", "mapped task group", "single tasks")
 
 
-def test_expand_kwargs_is_refused() -> None:
-    with _dag("expand_kwargs") as dag:
+def test_expand_kwargs_maps_over_argument_dicts() -> None:
+    def graph(dag_id: str, wired: bool) -> DAG:
+        with _dag(dag_id) as dag:
 
-        @task
-        def pairs() -> list[dict[str, int]]:
-            return [{"a": 1, "b": 2}]
+            @task
+            def pairs() -> list[dict[str, int]]:
+                return [{"a": 1, "b": 2}]
 
-        @task
-        def add(a: int, b: int) -> int:
-            return a + b
+            @task
+            def add(a: int, b: int) -> int:
+                return a + b
 
-        add.expand_kwargs(pairs())
-    refused(translate(dag), "add", "expand_kwargs", "one argument")
+            if wired:  # an XComArg inside an argument dict is not resolved per item
+                add.expand_kwargs([{"a": pairs(), "b": 1}])
+            else:
+                add.expand_kwargs(pairs())
+                add.override(task_id="literal").expand_kwargs([{"a": 1, "b": 2}, {"a": 3}])
+        return dag
+
+    refused(translate(graph("expand_kwargs_wired", True)), "add", "expand_kwargs", "dicts")
+    spec = _spec(translate(graph("expand_kwargs", False)))
+    assert spec["add"].expand_kwargs == {UPSTREAM_MARKER: "pairs"}
+    assert spec["literal"].expand_kwargs == [{"a": 1, "b": 2}, {"a": 3}]
 
 
 # --- what Airflow does around a task ---------------------------------------------------------
@@ -692,18 +780,6 @@ def test_every_example_dag_airflow_ships_is_reported_without_a_crash() -> None:
         print(f"  {count:4d}  {construct}")
 
 
-def test_an_operator_taking_a_mapped_tasks_output_is_refused() -> None:
-    with _dag("operator_mapped_input") as dag:
-
-        @task
-        def name(n: int) -> str:
-            return str(n)
-
-        names = name.expand(n=[1, 2])
-        BashOperator(task_id="greet", bash_command="echo $NAMES", env={"NAMES": names})
-    refused(translate(dag), "greet", "mapped results", "'name'", "dict keyed by item")
-
-
 def test_a_rendered_protected_task_still_routes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the router does in Airflow's task process (test_on_airflow runs it for real)."""
     import copy
@@ -738,3 +814,16 @@ def test_an_asset_another_dag_declares_under_another_name_is_refused() -> None:
     refused(found["writes_by_uri"], "write", "asset conflict", "'s3://x/1'")
     assert found["writes_other"].ok, found["writes_other"].report()
     assert translate(named).ok  # alone, nothing conflicts
+
+
+def test_a_mapped_operators_templates_are_read_in_partial_and_literal_lists() -> None:
+    with _dag("mapped_templates") as dag:
+        lacking = "{{ prev_start_date_success }}"
+        BashOperator.partial(task_id="partial", env={"X": lacking}).expand(bash_command=["x"])
+        BashOperator.partial(task_id="listed").expand(bash_command=[f"echo {lacking}"])
+        BashOperator.partial(task_id="sets").expand_kwargs([{"bash_command": lacking}])
+        BashOperator.partial(task_id="fine").expand(bash_command=["echo {{ ds }}"])
+    translation = translate(dag)
+    for task_id in ("partial", "listed", "sets"):
+        refused(translation, task_id, "context variable", "prev_start_date_success")
+    assert "fine" not in {u.task_id for u in translation.untranslatable}

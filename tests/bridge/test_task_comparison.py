@@ -3,6 +3,11 @@ the worker gets from Airflow's REST API and from the shadow workflow's result.""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from airflow_plugins.demo.airflow_api import AirflowApiError
 from bridge.comparison import digest
 from bridge.spec import DagRunResult, RunMode, TaskOutcome
 from bridge.task_comparison import TaskSide, differences, run_state, shadow_tasks
@@ -50,3 +55,42 @@ def test_a_task_missing_on_one_side_or_still_running_is_told() -> None:
     ]
     assert run_state({"extract": TaskSide("running", None, {})}) == "running"
     assert run_state({"extract": TaskSide("upstream_failed", None, {})}) == "failed"
+
+
+class _MappedApi:
+    """Airflow's REST API for one run whose task ``greet`` is mapped over three items (item 1
+    returned None: Airflow pushed no XCom for it), as the api-server answers."""
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        return [
+            {"task_id": "greet", "map_index": 2, "state": "success", "duration": 0.2},
+            {"task_id": "greet", "map_index": 0, "state": "success", "duration": 0.1},
+            {"task_id": "greet", "map_index": 1, "state": "success", "duration": 0.1},
+        ]
+
+    def request(self, method: str, path: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert path.endswith("/taskInstances/greet/xcomEntries/return_value"), path
+        index = params["map_index"]
+        if index == 1:
+            raise AirflowApiError("404 not found", 404)
+        return {"value": f"hi {index}"}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_mapped_task_is_compared_as_its_list_in_map_index_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bridge import airflow_side
+
+    monkeypatch.setattr(airflow_side, "_api", _MappedApi)
+    airflow = airflow_side.airflow_tasks("d", "manual__1")
+    assert airflow["greet"].xcoms == {"return_value": digest(["hi 0", "hi 2"])}
+    assert airflow["greet"].ms == 400
+    shadow = shadow_tasks(
+        _shadow(greet=TaskOutcome("succeeded", ["hi 0", "hi 2"], items={"a": "hi 0"}))
+    )
+    assert differences(airflow, shadow) == []
+    reordered = shadow_tasks(_shadow(greet=TaskOutcome("succeeded", ["hi 2", "hi 0"])))
+    assert [d["what"] for d in differences(airflow, reordered)] == ["xcom"]

@@ -46,9 +46,9 @@ def charge_mapped(fence: Fence, item: str, cents: int = 100) -> dict[str, Any]:
     return {"customer": item, "cents": cents}
 
 
-def total(charged: dict[str, Any]) -> int:
-    """Sums a mapped charge's results."""
-    return sum(int(v["cents"]) for v in charged.values())
+def total(charged: list[dict[str, Any]]) -> int:
+    """Sums a mapped charge's results (Airflow's list, in map index order)."""
+    return sum(int(v["cents"]) for v in charged)
 
 
 def cents_from_env() -> int:
