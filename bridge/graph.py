@@ -20,6 +20,9 @@ def graph_problems(spec: DagSpec) -> list[str]:
         for up in task.upstream:
             if up not in seen:
                 problems.append(f"task {task.task_id!r} depends on unknown task {up!r}")
+        for setup in task.setups:
+            if setup not in seen:
+                problems.append(f"task {task.task_id!r} has unknown setup {setup!r}")
         for ref in referenced(task):
             if ref not in task.upstream:
                 problems.append(f"task {task.task_id!r} uses the result of {ref!r} not upstream")
@@ -46,7 +49,7 @@ def topological(spec: DagSpec) -> list[TaskSpec]:
     order: list[TaskSpec] = []
     pending = list(spec.tasks)
     while pending:
-        ready = [t for t in pending if all(u in done for u in t.upstream)]
+        ready = [t for t in pending if all(u in done for u in (*t.upstream, *t.setups))]
         if not ready:
             break
         for task in ready:
@@ -54,6 +57,27 @@ def topological(spec: DagSpec) -> list[TaskSpec]:
             done.add(task.task_id)
         pending = [t for t in pending if t.task_id not in done]
     return order
+
+
+def direct_upstream(task: TaskSpec) -> tuple[str, ...]:
+    """The task's direct upstream tasks (its trigger rule is decided on them)."""
+    return task.upstream if task.direct is None else task.direct
+
+
+def run_state_tasks(spec: DagSpec) -> set[str]:
+    """The tasks whose states decide the run's, as Airflow's ``_tis_for_dagrun_state``.
+
+    The leaves, where a teardown without ``on_failure_fail_dagrun`` does not count: a task whose
+    only downstreams are such teardowns is a leaf, and such a teardown is none. A DAG of those
+    teardowns alone falls back to the tasks without downstreams.
+    """
+    downstream: dict[str, set[str]] = {t.task_id: set() for t in spec.tasks}
+    for task in spec.tasks:
+        for up in direct_upstream(task):
+            downstream[up].add(task.task_id)
+    counted = {t.task_id for t in spec.tasks if not t.is_teardown or t.on_failure_fail_dagrun}
+    leaves = {t for t in counted if not downstream[t] & counted}
+    return leaves or {t for t, down in downstream.items() if not down}
 
 
 def referenced(task: TaskSpec) -> set[str]:

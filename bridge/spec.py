@@ -95,6 +95,13 @@ class TaskSpec:
             durable timers); None for any other task.
         context_args: the context arguments (``ti``, ``task_state_store``, ...) a mapped
             callable takes, which the worker passes each item as Airflow's task runner does.
+        is_setup: a setup task (``as_setup()``, ``@setup``): a teardown's
+            ``all_done_setup_success`` counts it, and its failure or skip reaches its work.
+        is_teardown: a teardown task (``as_teardown()``, ``@teardown``): its failure does not
+            fail the run unless ``on_failure_fail_dagrun``.
+        on_failure_fail_dagrun: a teardown whose failure fails the run as any task's does.
+        setups: its relevant setups that are not direct upstreams (Airflow's
+            ``get_upstreams_only_setups``): one failed upstream-fails it, one skipped skips it.
     """
 
     task_id: str
@@ -118,6 +125,10 @@ class TaskSpec:
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
     sensor: SensorSpec | None = None
     context_args: tuple[str, ...] = ()
+    is_setup: bool = False
+    is_teardown: bool = False
+    on_failure_fail_dagrun: bool = False
+    setups: tuple[str, ...] = ()
 
 
 # Airflow timetables a Temporal Schedule reproduces run for run (one cron in one timezone; the
