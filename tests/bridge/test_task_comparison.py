@@ -50,3 +50,14 @@ def test_a_task_missing_on_one_side_or_still_running_is_told() -> None:
     ]
     assert run_state({"extract": TaskSide("running", None, {})}) == "running"
     assert run_state({"extract": TaskSide("upstream_failed", None, {})}) == "failed"
+
+
+def test_a_failed_teardown_does_not_fail_the_airflow_side_unless_it_decides_the_run() -> None:
+    tasks = {
+        "create": TaskSide("success", 1, {}),
+        "work": TaskSide("success", 1, {}),
+        "delete": TaskSide("failed", 1, {}),
+    }
+    assert run_state(tasks, decisive={"work"}) == "success"  # as Airflow: teardowns left out
+    assert run_state(tasks, decisive={"delete"}) == "failed"  # on_failure_fail_dagrun
+    assert run_state(tasks) == "failed"
