@@ -551,6 +551,39 @@ def test_setup_and_teardown_translate_with_their_scope() -> None:
     assert spec["unscoped"].setups == ()
 
 
+def test_a_task_in_a_setup_scope_still_routes_alone() -> None:
+    """Airflow runs it: the single-task spec keeps neither its upstreams nor its setups."""
+    from bridge.graph import graph_problems
+    from bridge.in_airflow.router import single_task_spec
+
+    with _dag("scoped_alone") as dag:
+
+        @setup
+        def create() -> str:
+            return "c1"
+
+        @task
+        def first() -> None:
+            pass
+
+        @task
+        def second() -> None:
+            pass
+
+        @teardown
+        def delete() -> None:
+            pass
+
+        made = create()
+        made >> first() >> second() >> delete()
+        made >> dag.task_dict["delete"]
+    assert translate(dag).spec is not None
+    assert translate(dag).spec.task("second").setups == ("create",)
+    spec = single_task_spec(dag.task_dict["second"], {"dag": dag})
+    assert [(t.task_id, t.upstream, t.setups) for t in spec.tasks] == [("second", (), ())]
+    assert graph_problems(spec) == []
+
+
 def test_a_mapped_setup_or_teardown_is_refused() -> None:
     with _dag("mapped_setup") as dag:
 
