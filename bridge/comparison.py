@@ -28,6 +28,7 @@ from bridge.airflow_side import (
     airflow_tasks,
     run_id_of,
 )
+from bridge.graph import run_state_tasks
 from bridge.partition import keyed_date
 from bridge.spec import DagRunResult, DagSpec
 from bridge.sql import query
@@ -188,7 +189,8 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
         if not inp.final:
             return Comparison(pending=True, differences=(unavailable,))
         primary = {}
-    primary_status = task_comparison.run_state(primary) if primary else "missing"
+    decisive = run_state_tasks(inp.spec)
+    primary_status = task_comparison.run_state(primary, decisive) if primary else "missing"
     if primary_status == "running" and not inp.final:
         return Comparison(pending=True)
     theirs = task_comparison.shadow_tasks(shadow)

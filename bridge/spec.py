@@ -104,6 +104,13 @@ class TaskSpec:
         expand_kwargs: Airflow's ``expand_kwargs()`` source: a literal list of argument dicts
             or an upstream marker (a task returning one); one item per dict, in list order,
             keyed as an ``expand`` item; None: not mapped so.
+        is_setup: a setup task (``as_setup()``, ``@setup``): a teardown's
+            ``all_done_setup_success`` counts it, and its failure or skip reaches its work.
+        is_teardown: a teardown task (``as_teardown()``, ``@teardown``): its failure does not
+            fail the run unless ``on_failure_fail_dagrun``.
+        on_failure_fail_dagrun: a teardown whose failure fails the run as any task's does.
+        setups: its relevant setups that are not direct upstreams (Airflow's
+            ``get_upstreams_only_setups``): one failed upstream-fails it, one skipped skips it.
     """
 
     task_id: str
@@ -129,6 +136,10 @@ class TaskSpec:
     context_args: tuple[str, ...] = ()
     expand: tuple[tuple[str, Any], ...] = ()
     expand_kwargs: Any = None
+    is_setup: bool = False
+    is_teardown: bool = False
+    on_failure_fail_dagrun: bool = False
+    setups: tuple[str, ...] = ()
 
     @property
     def mapped(self) -> bool:

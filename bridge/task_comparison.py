@@ -12,6 +12,7 @@ take the same time).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from bridge.spec import DagRunResult
@@ -50,12 +51,19 @@ def shadow_tasks(shadow: DagRunResult) -> dict[str, TaskSide]:
     return sides
 
 
-def run_state(tasks: dict[str, TaskSide]) -> str:
-    """A run's status from its tasks (for the row's ``*_status``)."""
+def run_state(tasks: dict[str, TaskSide], decisive: Collection[str] | None = None) -> str:
+    """A run's status from its tasks (for the row's ``*_status``).
+
+    Args:
+        tasks: every task of the run.
+        decisive: the tasks whose states decide the run's once all are done
+            (``bridge.graph.run_state_tasks``: teardowns left out, as Airflow); None: all.
+    """
     states = {t.state for t in tasks.values()}
     if not tasks or states & {"running", "queued", "scheduled", "none", "deferred"}:
         return "running"
-    return "failed" if "failed" in states or "upstream_failed" in states else "success"
+    counted = {t.state for i, t in tasks.items() if decisive is None or i in decisive}
+    return "failed" if counted & {"failed", "upstream_failed"} else "success"
 
 
 def differences(airflow: dict[str, TaskSide], shadow: dict[str, TaskSide]) -> list[dict[str, Any]]:

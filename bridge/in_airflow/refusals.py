@@ -1,11 +1,11 @@
 """What Airflow does around a task, or how it runs it, that the bridge worker does not do.
 
 The kinds of task the worker cannot run the same (sensors without a poke, deferrables,
-LatestOnly, cross-DAG operators, setup/teardown, trigger rules it does not decide), what Airflow
-runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and callables
-Airflow runs somewhere other than in-process (a mapped ``@task.bash`` or ``@task.virtualenv``,
-``@task.docker``, ...). ``translate`` refuses them by name; ``code_use`` reads what the code
-itself uses.
+LatestOnly, cross-DAG operators, mapped setups/teardowns, trigger rules it does not decide),
+what Airflow runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and
+callables Airflow runs somewhere other than in-process (a mapped ``@task.bash`` or
+``@task.virtualenv``, ``@task.docker``, ...). ``translate`` refuses them by name; ``code_use``
+reads what the code itself uses.
 """
 
 from __future__ import annotations
@@ -78,9 +78,13 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
             "interval, which a bridge run does not have",
             "latest only",
         )
-    if getattr(task, "is_setup", False) or getattr(task, "is_teardown", False):
+    if (getattr(task, "is_setup", False) or getattr(task, "is_teardown", False)) and is_mapped(
+        task
+    ):
         raise NotTranslatable(
-            "a setup/teardown task: the workflow has no setup/teardown scope", "setup/teardown"
+            "a mapped setup/teardown: Airflow counts each of its items' states in the setup "
+            "rules, the workflow has one outcome for the mapped task",
+            "mapped setup/teardown",
         )
     rule = trigger_rule(task)
     if rule not in RULES:

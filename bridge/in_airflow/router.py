@@ -53,7 +53,9 @@ def single_task_spec(operator: Any, context: Mapping[str, Any]) -> DagSpec:
             f"{operator.task_id} cannot run in Temporal alone: its operator may pull upstream "
             "XComs, which only a whole-DAG handover (BridgeOperator) carries"
         )
-    return DagSpec(dag.dag_id, (dataclasses.replace(spec, upstream=()),), lane=dag_lane(dag))
+    # Airflow has decided it runs: its upstreams and setups are not the workflow's to decide
+    alone = dataclasses.replace(spec, upstream=(), setups=())
+    return DagSpec(dag.dag_id, (alone,), lane=dag_lane(dag))
 
 
 def _fail(message: str) -> BaseException:

@@ -208,19 +208,21 @@ def task_spec(
     ``execute(context)`` can run in a worker (BashOperator, SQL operators, ...): the worker
     rebuilds it from its DAG folder, renders its templated fields and calls ``execute``
     (``bridge.worker.execution``); sensors with a ``poke`` of their own, which the workflow pokes
-    between durable timers (``bridge.worker.workflows.sense``; deferrable ones too). Not
-    translated, with the reason: sensors without a ``poke`` of their own, deferrable operators
-    (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
+    between durable timers (``bridge.worker.workflows.sense``; deferrable ones too); setup and
+    teardown tasks, in task groups too (their flags, ``on_failure_fail_dagrun`` and the relevant
+    indirect setups go in the spec: the workflow decides them as Airflow, ``trigger_rules``).
+    Not translated, with the reason: sensors without a ``poke`` of their own, deferrable
+    operators (a ``deferrable`` flag, or a class whose code calls ``.defer(``), operators whose
     code reaches Airflow's metadata DB (``create_session``, ``provide_session``,
     ``airflow.models``), operators that cannot be copied, mapped operators the worker cannot
-    unmap (serialized, branching), branching and short-circuit operators, non-default trigger
-    rules, cross-DAG operators, and Python-callable arguments holding Jinja templates (only
+    unmap (serialized, branching), mapped setups/teardowns, trigger rules the workflow does not
+    decide, cross-DAG operators, and Python-callable arguments holding Jinja templates (only
     Airflow renders them); and what Airflow does around the code that the worker does not
-    (setup/teardown, callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run
-    elsewhere: a mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what
-    the code uses that the worker does not give it (``bridge.in_airflow.code_use``: context
-    arguments, XCom keys, skip exceptions, a fenced ``async def``, template context the worker
-    lacks, a virtualenv callable importing Airflow). MIGRATION.md lists every refusal.
+    (callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere: a
+    mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what the code uses
+    that the worker does not give it (``bridge.in_airflow.code_use``: context arguments, XCom
+    keys, a fenced ``async def``, template context the worker lacks, a virtualenv callable
+    importing Airflow). MIGRATION.md lists every refusal.
 
     Raises:
         NotTranslatable: with the reason.
@@ -473,9 +475,14 @@ def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:
     delay = attr("retry_delay", timedelta(seconds=30))
     max_delay = attr("max_retry_delay", None) or timedelta(minutes=10)
     timeout = attr("execution_timeout", None)
+    teardown = bool(getattr(task, "is_teardown", False))
     return {
         "upstream": tuple(sorted(task.upstream_task_ids)),
         "trigger_rule": trigger_rule(task),
+        "is_setup": bool(getattr(task, "is_setup", False)),
+        "is_teardown": teardown,
+        "on_failure_fail_dagrun": teardown and bool(getattr(task, "on_failure_fail_dagrun", False)),
+        "setups": () if teardown else _indirect_setups(task),
         "timeout_s": timeout.total_seconds() if timeout else 3600.0,
         "retry": RetrySpec(
             maximum_attempts=retries + 1,
@@ -484,6 +491,14 @@ def _common(task: Any, partial: Mapping[str, Any]) -> dict[str, Any]:
             maximum_interval_s=max(_seconds(delay), _seconds(max_delay)),
         ),
     }
+
+
+def _indirect_setups(task: Any) -> tuple[str, ...]:
+    """Its relevant setups that are not direct upstreams (Airflow's setup constraint): the
+    upstream setups without teardowns, or with a teardown downstream of the task."""
+    direct = set(task.upstream_task_ids)
+    relevant = {s.task_id for s in task.get_upstreams_only_setups()}
+    return tuple(sorted(relevant - direct))
 
 
 def _seconds(value: Any) -> float:

@@ -25,7 +25,15 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from airflow_plugins.lease import InvalidLeaseInput
     from bridge.comparison import CompareInput
-    from bridge.graph import graph_problems, referenced, shadow_refusals, substitute, topological
+    from bridge.graph import (
+        direct_upstream,
+        graph_problems,
+        referenced,
+        run_state_tasks,
+        shadow_refusals,
+        substitute,
+        topological,
+    )
     from bridge.identity import (
         expanded_items,
         keyed_items,
@@ -240,11 +248,12 @@ class DagRunWorkflow:
         running: dict[str, asyncio.Task[TaskOutcome]] = {}
         for task in topological(inp.spec):
             ups = [running[u] for u in task.upstream]
-            running[task.task_id] = asyncio.create_task(self._task(inp, task, ups))
+            setups = [running[s] for s in task.setups]
+            running[task.task_id] = asyncio.create_task(self._task(inp, task, ups, setups))
         outcomes = {task_id: await job for task_id, job in running.items()}
-        # as Airflow: the run failed when a leaf task failed or could not run because of a failure
-        feeding = {u for t in inp.spec.tasks for u in (t.direct or t.upstream)}
-        leaves = [o for t, o in outcomes.items() if t not in feeding]
+        # as Airflow: the run failed when a leaf task failed or could not run because of a
+        # failure; a teardown is no leaf unless its failure fails the run (on_failure_fail_dagrun)
+        leaves = [outcomes[t] for t in run_state_tasks(inp.spec)]
         failed_leaf = any(o.status in ("failed", "upstream_failed") for o in leaves)
         status = "failed" if failed_leaf else "success"
         result = DagRunResult(
@@ -291,14 +300,25 @@ class DagRunWorkflow:
             waited += delay
 
     async def _task(
-        self, inp: DagRunInput, task: TaskSpec, upstream: list[asyncio.Task[TaskOutcome]]
+        self,
+        inp: DagRunInput,
+        task: TaskSpec,
+        upstream: list[asyncio.Task[TaskOutcome]],
+        setups: list[asyncio.Task[TaskOutcome]],
     ) -> TaskOutcome:
         ups = [await job for job in upstream]
+        indirect = [(await job).status for job in setups]
         outcome = dict(zip(task.upstream, ups, strict=True))
-        direct = task.upstream if task.direct is None else task.direct
+        direct = direct_upstream(task)
         if any(task.task_id in outcome[u].skip for u in direct):  # a branch not taken
             return TaskOutcome(SKIPPED)
-        decided = decide(task.trigger_rule, [outcome[u].status for u in direct])
+        is_setup = {t.task_id for t in inp.spec.tasks if t.is_setup}
+        decided = decide(
+            task.trigger_rule,
+            [outcome[u].status for u in direct],
+            setups=[outcome[u].status for u in direct if u in is_setup],
+            indirect_setups=indirect,
+        )
         if decided != RUN:
             return TaskOutcome(decided)
         results = {u_id: u.result for u_id, u in zip(task.upstream, ups, strict=True)}

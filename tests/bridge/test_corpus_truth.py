@@ -17,12 +17,14 @@ business date:
 
 It compares, per task, the state (``success`` / ``failed`` / ``upstream_failed`` / ...) and the
 XCom value (only the state for the ``VOLATILE`` tasks, whose output differs between any two
-runs, in Airflow too). The run's own id is the one thing that differs by design (Airflow's run
-id cannot hold the workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
+runs, in Airflow too), and the run's own state (``success`` / ``failed``, under ``RUN``).
+The run's own id is the one thing that differs by design (Airflow's run id cannot hold the
+workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
 
 Beside the corpus, ``semantics_dags/trigger_rule_matrix.py`` (this project's) has every trigger
 rule the workflow decides over each mix of upstream outcomes (and ``sensor_waits.py`` sensors
-that fire, time out, soft-fail, skip and defer), compared with ``FAST`` (a few
+that fire, time out, soft-fail, skip and defer; ``setup_teardown.py`` setups and teardowns
+whose work, setup or teardown fails or skips, in task groups too), compared with ``FAST`` (a few
 corpus DAGs covering each kind of task the inventory lets through). The whole translatable share
 runs with::
 
@@ -164,6 +166,8 @@ TOO_SLOW = {
     "bounded by the sensor's timeout",
 }
 _STATES = {"succeeded": "success"}  # the bridge's outcome names -> Airflow's task states
+#: The key the run's own state is compared under (no task id has parentheses).
+RUN = "(run)"
 RUN_TIMEOUT_S = 600.0
 
 
@@ -211,7 +215,7 @@ def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dic
         by_task: dict[str, list[dict[str, Any]]] = {}
         for ti in api.task_instances(dag_id, run_id):
             by_task.setdefault(ti["task_id"], []).append(ti)
-        tasks: Seen = {}
+        tasks: Seen = {RUN: (str(run["state"]), None)}
         for task_id, tis in by_task.items():
             tis.sort(key=lambda ti: int(ti.get("map_index", -1)))
             states = {str(ti["state"]) for ti in tis}
@@ -304,8 +308,11 @@ def in_bridge(
             results = await asyncio.gather(*(_result_of(client, w) for w in ids.values()))
         return {
             dag_id: {
-                t: (_STATES.get(o.status, o.status), _normal(o.result, ids[dag_id]))
-                for t, o in result.tasks.items()
+                RUN: (result.status, None),
+                **{
+                    t: (_STATES.get(o.status, o.status), _normal(o.result, ids[dag_id]))
+                    for t, o in result.tasks.items()
+                },
             }
             for dag_id, result in zip(ids, results, strict=True)
         }
@@ -350,7 +357,7 @@ def _check(
     day = (date.today() - timedelta(days=40 + uuid.uuid4().int % 200)).isoformat()
     airflow_side = in_airflow(harness, dags, day)
     bridge_side = in_bridge(config, store, dags, day)
-    tasks = sum(len(t) for t in airflow_side.values())
+    tasks = sum(len(t) - 1 for t in airflow_side.values())  # less the run's own state
     differences = compare(airflow_side, bridge_side)
     same = len(dags) - len({d.split(".", 1)[0] for d in differences})
     print(f"\ncorpus comparison: {same}/{len(dags)} DAGs identical ({tasks} tasks)")

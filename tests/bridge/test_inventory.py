@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import io
 import json
 import sys
@@ -23,12 +24,14 @@ from airflow.providers.standard.operators.python import (
     PythonOperator,
     PythonVirtualenvOperator,
 )
-from airflow.sdk import DAG, Asset, get_current_context, task, task_group
+from airflow.sdk import DAG, Asset, get_current_context, setup, task, task_group, teardown
 from airflow.sdk.exceptions import AirflowSkipException
 
+from bridge.graph import run_state_tasks
 from bridge.in_airflow.code_use import WORKER_CONTEXT
 from bridge.in_airflow.translate import Translation, Untranslatable, inventory, translate
-from bridge.spec import UPSTREAM_MARKER, TaskKind
+from bridge.spec import UPSTREAM_MARKER, DagSpec, TaskKind, TaskSpec
+from bridge.trigger_rules import RUN, SKIPPED, UPSTREAM_FAILED, decide
 from bridge.worker.execution import business_run, run_operator, template_context
 from tests.bridge.conftest import REPO
 from tests.bridge.corpus import corpus_dags, dag_bag
@@ -633,7 +636,7 @@ def test_expand_kwargs_maps_over_argument_dicts() -> None:
 # --- what Airflow does around a task ---------------------------------------------------------
 
 
-def test_callbacks_depends_on_past_and_setup_teardown_are_refused() -> None:
+def test_callbacks_and_depends_on_past_are_refused() -> None:
     with _dag("around") as dag:
 
         @task(on_failure_callback=lambda context: None)
@@ -644,21 +647,143 @@ def test_callbacks_depends_on_past_and_setup_teardown_are_refused() -> None:
         def after_yesterday() -> None:
             pass
 
-        @task
-        def create_cluster() -> None:
-            pass
-
-        @task
-        def delete_cluster() -> None:
-            pass
-
-        with create_cluster().as_setup() >> delete_cluster().as_teardown():
-            alerting() >> after_yesterday()
+        alerting() >> after_yesterday()
     translation = translate(dag)
     refused(translation, "alerting", "callback", "on_failure_callback")
     refused(translation, "after_yesterday", "depends_on_past", "previous run")
-    refused(translation, "create_cluster", "setup/teardown")
-    refused(translation, "delete_cluster", "setup/teardown")
+
+
+def test_setup_and_teardown_translate_with_their_scope() -> None:
+    """The flags, the teardown's rule and the indirect setups the workflow decides on (the
+    truth check runs ``semantics_dags/setup_teardown.py`` in both engines)."""
+    with _dag("scoped") as dag:
+
+        @task
+        def create_cluster() -> str:
+            return "c1"
+
+        @task
+        def load(cluster: str) -> int:
+            return 1
+
+        @task(trigger_rule="all_done")
+        def report(rows: int | None) -> None:
+            pass
+
+        @teardown(on_failure_fail_dagrun=True)
+        def delete_cluster(cluster: str) -> None:
+            pass
+
+        @task
+        def unscoped() -> None:
+            pass
+
+        cluster = create_cluster().as_setup()
+        loaded = load(cluster)
+        report(loaded) >> delete_cluster(cluster)
+        loaded >> unscoped()
+        BashOperator(task_id="bash_teardown", bash_command="true").as_teardown(setups=cluster)
+    translation = translate(dag)
+    assert translation.ok, translation.report()
+    assert translation.spec is not None
+    spec = {t.task_id: t for t in translation.spec.tasks}
+    assert spec["create_cluster"].is_setup
+    assert not spec["create_cluster"].is_teardown
+    delete = spec["delete_cluster"]
+    assert (delete.is_teardown, delete.on_failure_fail_dagrun) == (True, True)
+    assert delete.trigger_rule == "all_done_setup_success"
+    assert delete.setups == ()  # a teardown has no setup constraint
+    bash = spec["bash_teardown"]
+    assert (bash.kind, bash.is_teardown, bash.on_failure_fail_dagrun) == (
+        TaskKind.EXECUTE,
+        True,
+        False,
+    )
+    # a direct setup is decided by the rule; only an indirect one is a setup constraint
+    assert spec["load"].setups == ()
+    assert spec["report"].setups == ("create_cluster",)
+    # its setup's teardowns are not downstream of it: the setup is not relevant to it
+    assert spec["unscoped"].setups == ()
+
+
+def test_a_task_in_a_setup_scope_still_routes_alone() -> None:
+    """Airflow runs it: the single-task spec keeps neither its upstreams nor its setups."""
+    from bridge.graph import graph_problems
+    from bridge.in_airflow.router import single_task_spec
+
+    with _dag("scoped_alone") as dag:
+
+        @setup
+        def create() -> str:
+            return "c1"
+
+        @task
+        def first() -> None:
+            pass
+
+        @task
+        def second() -> None:
+            pass
+
+        @teardown
+        def delete() -> None:
+            pass
+
+        made = create()
+        made >> first() >> second() >> delete()
+        made >> dag.task_dict["delete"]
+    assert translate(dag).spec is not None
+    assert translate(dag).spec.task("second").setups == ("create",)
+    spec = single_task_spec(dag.task_dict["second"], {"dag": dag})
+    assert [(t.task_id, t.upstream, t.setups) for t in spec.tasks] == [("second", (), ())]
+    assert graph_problems(spec) == []
+
+
+def test_a_mapped_setup_or_teardown_is_refused() -> None:
+    with _dag("mapped_setup") as dag:
+
+        @setup
+        def clusters(n: int) -> str:
+            return str(n)
+
+        @task
+        def work() -> None:
+            pass
+
+        clusters.expand(n=[1, 2]) >> work()
+    refused(translate(dag), "clusters", "mapped setup/teardown", "each of its items")
+
+
+def test_decide_mirrors_the_setup_rules_of_trigger_rule_dep() -> None:
+    # all_done_setup_success: all done, and at least one direct setup succeeded
+    rule = "all_done_setup_success"
+    assert decide(rule, ["failed", "succeeded"], setups=["succeeded"]) == RUN
+    assert decide(rule, ["upstream_failed", "failed"], setups=["failed"]) == UPSTREAM_FAILED
+    assert decide(rule, ["skipped", "skipped"], setups=["skipped"]) == SKIPPED
+    assert decide(rule, ["skipped", "failed"], setups=["skipped", "failed"]) == UPSTREAM_FAILED
+    assert decide(rule, ["succeeded", "failed"], setups=["succeeded", "failed"]) == RUN
+    assert decide(rule, ["failed", "skipped"]) == RUN  # no setup upstream: all_done
+    # the setup constraint comes before the task's own rule, except for always
+    assert decide("all_done", ["succeeded"], indirect_setups=["failed"]) == UPSTREAM_FAILED
+    assert decide("all_done", ["failed"], indirect_setups=["upstream_failed"]) == UPSTREAM_FAILED
+    assert decide("one_failed", ["failed"], indirect_setups=["skipped"]) == SKIPPED
+    assert decide("always", ["failed"], indirect_setups=["failed"]) == RUN
+    assert decide("all_success", ["succeeded"], indirect_setups=["succeeded"]) == RUN
+
+
+def test_teardowns_do_not_decide_the_run_unless_they_fail_it() -> None:
+    """Airflow's ``_tis_for_dagrun_state``: which tasks' states decide the run's."""
+    setup_ = TaskSpec("setup", is_setup=True)
+    work = TaskSpec("work", upstream=("setup",))
+    down = TaskSpec("down", upstream=("setup", "work"), is_teardown=True)
+    assert run_state_tasks(DagSpec("d", (setup_, work, down))) == {"work"}
+    failing = dataclasses.replace(down, on_failure_fail_dagrun=True)
+    assert run_state_tasks(DagSpec("d", (setup_, work, failing))) == {"down"}
+    alone = TaskSpec("alone", is_teardown=True)
+    assert run_state_tasks(DagSpec("d", (alone,))) == {"alone"}  # only teardowns: the leaves
+    # an operator's upstream holds its ancestors: the run's leaves come from its direct ones
+    bash = TaskSpec("bash", upstream=("setup", "work"), direct=("work",))
+    assert run_state_tasks(DagSpec("d", (setup_, work, bash))) == {"bash"}
 
 
 def test_templates_reading_what_the_worker_context_lacks_are_refused() -> None:

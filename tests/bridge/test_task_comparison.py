@@ -94,3 +94,14 @@ def test_a_mapped_task_is_compared_as_its_list_in_map_index_order(
     assert differences(airflow, shadow) == []
     reordered = shadow_tasks(_shadow(greet=TaskOutcome("succeeded", ["hi 2", "hi 0"])))
     assert [d["what"] for d in differences(airflow, reordered)] == ["xcom"]
+
+
+def test_a_failed_teardown_does_not_fail_the_airflow_side_unless_it_decides_the_run() -> None:
+    tasks = {
+        "create": TaskSide("success", 1, {}),
+        "work": TaskSide("success", 1, {}),
+        "delete": TaskSide("failed", 1, {}),
+    }
+    assert run_state(tasks, decisive={"work"}) == "success"  # as Airflow: teardowns left out
+    assert run_state(tasks, decisive={"delete"}) == "failed"  # on_failure_fail_dagrun
+    assert run_state(tasks) == "failed"
