@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -118,15 +119,22 @@ def map_items(values: list[Any], field: str | None) -> tuple[tuple[str, Any], ..
         InvalidLeaseInput: an item has no usable name, or two items key alike (the error names
             both: the second would be handed the first one's result and never run).
     """
+    return _unique(values, lambda value: map_key_of(value, field), "a name of its own")
+
+
+def _unique(
+    values: list[Any], key_of: Callable[[Any], str], needs: str
+) -> tuple[tuple[str, Any], ...]:
+    """Each value with its key, in order; two values keying alike are refused, naming both
+    (the second would be handed the first one's result and never run)."""
     items: list[tuple[str, Any]] = []
     first: dict[str, int] = {}
     for index, value in enumerate(values):
-        key = map_key_of(value, field)
+        key = key_of(value)
         if key in first:
             raise InvalidLeaseInput(
                 f"mapped item {first[key]} ({values[first[key]]!r}) and item {index} "
-                f"({value!r}) both key as {key!r}: each item of a mapped task needs a name "
-                "of its own"
+                f"({value!r}) both key as {key!r}: each item of a mapped task needs {needs}"
             )
         first[key] = index
         items.append((key, value))
@@ -166,16 +174,6 @@ def keyed_items(argument_sets: list[dict[str, Any]]) -> tuple[tuple[str, Any], .
     Raises:
         InvalidLeaseInput: two items have the same arguments.
     """
-    items: list[tuple[str, Any]] = []
-    first: dict[str, int] = {}
-    for index, arguments in enumerate(argument_sets):
-        key = expand_key(arguments)
-        if key in first:
-            raise InvalidLeaseInput(
-                f"mapped item {first[key]} ({items[first[key]][1]!r}) and item {index} "
-                f"({arguments!r}) have the same arguments and both key as {key!r}: each item "
-                "of a mapped task needs arguments of its own"
-            )
-        first[key] = index
-        items.append((key, arguments))
-    return tuple(items)
+    return _unique(
+        argument_sets, expand_key, "arguments of its own (items with the same arguments key alike)"
+    )
