@@ -63,7 +63,8 @@ def shadow_route(dag: Any, dags: Iterable[Any] = ()) -> str:
     protected = [t for t in dag.tasks if _is_protected(t)]
     if not protected:
         return "none"
-    if len(protected) < len(dag.tasks) and not _refusals(dag, list(dag.tasks)):
+    drives = any("BridgeOperator" in class_names(t) for t in dag.tasks)  # its graph's mode counts
+    if len(protected) < len(dag.tasks) and not drives and not _refusals(dag, list(dag.tasks)):
         return "whole"
     return "protected"
 
