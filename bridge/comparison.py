@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 class CompareInput:
     """A finished shadow run to compare; ``final`` compares even if the primary is unfinished.
 
-    ``source``: who started the shadow; a whole-DAG shadow of an ordinary DAG
-    (``airflow-dagrun:<run id>``) is compared task by task with that Airflow run
-    (``bridge.task_comparison``), any other with the primary's lease rows and sink ledger.
+    ``source``: who started the shadow; a whole-DAG shadow (``airflow-dagrun:<run id>``) is
+    compared task by task with that Airflow run (``bridge.task_comparison``), and its fenced
+    tasks' items and external calls with the primary's sink ledger; any other with the
+    primary's lease rows and sink ledger.
     """
 
     spec: DagSpec
@@ -154,7 +155,8 @@ def _captured_rows(shadow: DagRunResult) -> dict[str, Any]:
 
 
 def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Comparison:
-    """A whole-DAG shadow against its Airflow run, task by task (state, XComs, durations)."""
+    """A whole-DAG shadow against its Airflow run, task by task (state, XComs, durations), and
+    its fenced tasks' effects against the primary's ledger (items written, external calls)."""
     shadow = inp.shadow
     unavailable: dict[str, Any] | None = None
     try:
@@ -193,8 +195,11 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
     primary_status = task_comparison.run_state(primary, decisive) if primary else "missing"
     if primary_status == "running" and not inp.final:
         return Comparison(pending=True)
+    fenced = _fenced_sides(store, inp.spec, shadow)  # Airflow's run is done: its leases too
     theirs = task_comparison.shadow_tasks(shadow)
     differences = task_comparison.differences(primary, theirs)
+    if fenced is not None:
+        differences += _effect_differences(*fenced)
     if primary_status != shadow.status:
         differences.insert(
             0, {"what": "status", "primary": primary_status, "shadow": shadow.status}
@@ -216,12 +221,32 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
                 t: digest(s.xcoms) for t, s in primary.items() if s.state == "success"
             },
             shadow_digests={t: digest(s.xcoms) for t, s in theirs.items() if s.state == "success"},
+            primary_items=fenced[0].items if fenced else {},
+            shadow_items=fenced[1].items if fenced else {},
             shadow_rows=_captured_rows(shadow),
+            primary_calls=fenced[0].calls if fenced else {},
             shadow_calls=_shadow_side(shadow).calls,
             primary_tasks={t: s.as_row() for t, s in primary.items()},
             shadow_tasks={t: s.as_row() for t, s in theirs.items()},
         ),
     )
+
+
+def _fenced_sides(
+    store: LeaseStore, spec: DagSpec, shadow: DagRunResult
+) -> tuple[_Side, _Side] | None:
+    """A whole-DAG shadow's fenced tasks (protected tasks of a DAG shadowed whole), each side:
+    the primary's items and external calls from its leases and sink ledger, the shadow's
+    captured. None when the DAG has none (an ordinary DAG: nothing to read there)."""
+    tasks = tuple(t for t in spec.tasks if t.sink)
+    if not tasks:
+        return None
+    primary = _primary_side(store, dataclasses.replace(spec, tasks=tasks), shadow)
+    shadow_side = _shadow_side(shadow)
+    names = {t.task_id for t in tasks}
+    shadow_side.items = {t: i for t, i in shadow_side.items.items() if t in names}
+    shadow_side.calls = {t: c for t, c in shadow_side.calls.items() if t in names}
+    return primary, shadow_side
 
 
 def record_primary(store: LeaseStore, result: DagRunResult) -> None:
@@ -412,6 +437,12 @@ def _differences(primary: _Side, shadow: _Side) -> list[dict[str, Any]]:
         p, s = primary.digests.get(task_id), shadow.digests.get(task_id)
         if p != s:
             found.append({"what": "output", "task": task_id, "primary": p, "shadow": s})
+    return found + _effect_differences(primary, shadow)
+
+
+def _effect_differences(primary: _Side, shadow: _Side) -> list[dict[str, Any]]:
+    """Where the two sides' effects differ: the sink items and the external calls, by task."""
+    found: list[dict[str, Any]] = []
     for task_id in sorted(set(primary.items) | set(shadow.items)):
         p_items = set(primary.items.get(task_id, []))
         s_items = set(shadow.items.get(task_id, []))

@@ -8,7 +8,9 @@ cleared task or a second DAG run of the date stays with the engine the business 
 even after a rollback (which applies from the next business date on):
 
 * ``airflow``: run here;
-* ``shadow``: start the Temporal shadow of this task (not waited for), then run here;
+* ``shadow``: start the Temporal shadow of this task (not waited for), then run here; a DAG
+  shadowed whole (``shadow_gate.shadowed_whole``) gets one shadow per business run instead,
+  started from its root task (``bridge.in_airflow.whole_shadow``);
 * ``temporal`` / ``temporal-scheduled``: hand the task's work to Temporal (a workflow whose id
   is the task's lease key), defer on ``WorkflowTrigger``, return the workflow's result.
 """
@@ -27,6 +29,7 @@ from airflow_plugins.protection.routing import ProtectedRun, Route
 from bridge.config import BridgeConfig, TemporalUnavailable
 from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
+from bridge.in_airflow.shadow_gate import shadowed_whole
 from bridge.in_airflow.translate import dag_lane, declared_side_effect_free, task_spec
 from bridge.spec import DagSpec, RunMode, TaskKind
 
@@ -130,21 +133,20 @@ class ShadowHandover:
     """Starts the Temporal shadow of a protected task, then runs the task here as primary."""
 
     def start(self, operator: Any, context: Mapping[str, Any], run: ProtectedRun) -> Any:
-        """Fires the shadow (never waited for, never fatal), then the normal protected try."""
+        """Fires the shadow (never waited for, never fatal), then the normal protected try.
+
+        The shadow of this task alone, unless its DAG is shadowed whole (``shadowed_whole``):
+        then one shadow per business run, started from a root task (this one, if it is).
+        """
         from airflow_plugins.protection import protected_try
 
         try:
-            spec = single_task_spec(operator, context)
-            handoff.request(
-                spec,
-                split_partition(run.key.business_date)[0],
-                mode=RunMode.SHADOW,
-                part=run.task_id,
-                map_key=run.key.map_key,
-                source=f"airflow:{run.run_id}",
-                wait=False,
-                partition=handoff.run_partition(context),
-            )
+            if shadowed_whole(context["dag"]):
+                from bridge.in_airflow.whole_shadow import start_for
+
+                start_for(context["ti"])  # a root task starts it; never fatal either
+            else:
+                self._shadow_this_task(operator, context, run)
         except Exception as exc:  # the shadow must never disturb the primary
             log.warning("bridge: no shadow for %s: %s", run.key, exc)
         token = _running_primary.set(True)
@@ -158,6 +160,20 @@ class ShadowHandover:
             )
         finally:
             _running_primary.reset(token)
+
+    @staticmethod
+    def _shadow_this_task(operator: Any, context: Mapping[str, Any], run: ProtectedRun) -> None:
+        spec = single_task_spec(operator, context)
+        handoff.request(
+            spec,
+            split_partition(run.key.business_date)[0],
+            mode=RunMode.SHADOW,
+            part=run.task_id,
+            map_key=run.key.map_key,
+            source=f"airflow:{run.run_id}",
+            wait=False,
+            partition=handoff.run_partition(context),
+        )
 
     def resume(
         self, operator: Any, context: Mapping[str, Any], run: ProtectedRun, event: Any
@@ -185,8 +201,9 @@ class BridgeRouter:
         return Route(mode.value, TemporalHandover())
 
     def task_started(self, ti: Any) -> None:
-        """An unprotected task started (in its task process): the whole-DAG shadow of an
-        ordinary DAG in ``shadow`` mode starts from its run's root tasks (never fatal)."""
+        """An unprotected task started (in its task process): the whole-DAG shadow of a DAG
+        shadowed whole (ordinary or mixed) in ``shadow`` mode starts from its run's root tasks
+        (never fatal)."""
         from bridge.in_airflow.whole_shadow import start_for
 
         start_for(ti)

@@ -52,20 +52,35 @@ def _drivers_of(dag_id: str, dags: Iterable[Any]) -> list[tuple[Any, list[str] |
 
 
 def shadow_route(dag: Any, dags: Iterable[Any] = ()) -> str:
-    """How Temporal gets ``dag``'s work: ``bridge-operator`` (a driver DAG among ``dags``
-    hands its graph over), ``protected`` (the router hands its protected tasks over one by
-    one), or ``none`` (nothing hands it over yet)."""
+    """How Temporal gets ``dag``'s work in ``shadow``: ``bridge-operator`` (a driver DAG among
+    ``dags`` hands its graph over); ``whole`` (protected tasks mixed with ordinary ones, every
+    task fenced or declared side-effect-free: one shadow of the whole graph per business run,
+    started from its root task); ``protected`` (the router shadows its protected tasks one by
+    one: a DAG of protected tasks only, or one with an ordinary task that is not shadow-safe);
+    ``none`` (an ordinary DAG: shadowed whole too, ``bridge.in_airflow.whole_shadow``)."""
     if _drivers_of(dag.dag_id, dags):
         return "bridge-operator"
-    return "protected" if any(_is_protected(t) for t in dag.tasks) else "none"
+    protected = [t for t in dag.tasks if _is_protected(t)]
+    if not protected:
+        return "none"
+    drives = any("BridgeOperator" in class_names(t) for t in dag.tasks)  # its graph's mode counts
+    if len(protected) < len(dag.tasks) and not drives and not _refusals(dag, list(dag.tasks)):
+        return "whole"
+    return "protected"
+
+
+def shadowed_whole(dag: Any) -> bool:
+    """Whether each business run of ``dag`` in ``shadow`` gets one Temporal shadow of its whole
+    graph (an ordinary DAG, or a ``whole`` one) rather than per-task shadows or none."""
+    return shadow_route(dag, [dag]) in ("none", "whole")
 
 
 def shadow_tasks(dag: Any, dags: Iterable[Any] = ()) -> list[Any]:
     """The tasks of ``dag`` that Temporal runs when the DAG is in ``shadow`` mode.
 
     The graph of a ``BridgeOperator`` (found among ``dags``): the tasks the operator hands
-    over. Else a DAG with protected tasks: those (the router shadows them one by one; its
-    other tasks run in Airflow only). Else every task (a whole-DAG shadow).
+    over. Else a ``protected`` route: its protected tasks (the router shadows them one by one;
+    its other tasks run in Airflow only). Else every task (a whole-DAG shadow).
     """
     drivers = _drivers_of(dag.dag_id, dags)
     if drivers:
@@ -74,8 +89,9 @@ def shadow_tasks(dag: Any, dags: Iterable[Any] = ()) -> list[Any]:
             wanted |= set(task_ids) if task_ids is not None else set(dag.task_ids)
             wanted.discard(driver.task_id)
         return [t for t in dag.tasks if t.task_id in wanted]
-    protected = [t for t in dag.tasks if _is_protected(t)]
-    return protected or list(dag.tasks)
+    if shadow_route(dag, dags) == "protected":
+        return [t for t in dag.tasks if _is_protected(t)]
+    return list(dag.tasks)
 
 
 def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
@@ -83,9 +99,13 @@ def shadow_refusals_of(dag: Any, dags: Iterable[Any] = ()) -> list[str]:
     (``shadow_tasks``) that has an effect outside a fence and is not declared side-effect-free
     (tag ``side-effect-free`` or ``side-effect-free:<task_id>``), or cannot run in Temporal,
     named with the reason. Empty: the shadow runs without effects."""
+    return _refusals(dag, shadow_tasks(dag, dags))
+
+
+def _refusals(dag: Any, tasks: list[Any]) -> list[str]:
     specs: list[TaskSpec] = []
     refused: list[str] = []
-    for task in shadow_tasks(dag, dags):
+    for task in tasks:
         free = declared_side_effect_free(dag, task.task_id)
         try:
             specs.append(task_spec(task, side_effect_free=free, render=_passthrough))
@@ -101,8 +121,10 @@ def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | Non
     """The shadow gate of ``dag_id`` among the DAGs of ``folder`` (``dags``: id -> DAG).
 
     Returns:
-        A note for the user on how Temporal shadows the DAG when it is an ordinary one (the
-        whole graph, beside each Airflow run: ``bridge.in_airflow.whole_shadow``), else None.
+        A note for the user on how Temporal shadows the DAG when it is shadowed whole (an
+        ordinary DAG, or protected tasks mixed with side-effect-free ones: the whole graph
+        beside each Airflow run, ``bridge.in_airflow.whole_shadow``) or when only its
+        protected tasks are (naming the tasks that keep it from a whole shadow), else None.
 
     Raises:
         ModeChangeRefused: the DAG is not among ``dags``, or Temporal would run some of its
@@ -120,10 +142,26 @@ def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | Non
             f"{dag_id}: shadow refused, Temporal would run these tasks with effects: "
             + "; ".join(refusals)
         )
-    if shadow_route(dag, dags.values()) == "none":
+    route = shadow_route(dag, dags.values())
+    if route == "none":
         return (
             f"{dag_id} has no protected task and no BridgeOperator hands it over: each of its "
             "Airflow runs starts a Temporal shadow of the whole DAG, compared task by task "
             "(the bridge's router must be installed; see MIGRATION.md, Shadow)"
+        )
+    if route == "whole":
+        return (
+            f"{dag_id} mixes protected tasks with side-effect-free ones: each of its Airflow "
+            "runs starts one Temporal shadow of the whole DAG (protected tasks fenced), "
+            "compared task by task (the bridge's router must be installed; see MIGRATION.md, "
+            "Shadow)"
+        )
+    if route == "protected" and len(shadow_tasks(dag, dags.values())) < len(dag.tasks):
+        unsafe = sorted({r.split(":")[0] for r in _refusals(dag, list(dag.tasks))})
+        return (
+            f"{dag_id} is shadowed one protected task at a time ("
+            + ", ".join(unsafe)
+            + " would run with effects in a whole-DAG shadow; were they declared "
+            "side-effect-free, the whole DAG would be shadowed)"
         )
     return None

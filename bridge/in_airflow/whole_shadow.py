@@ -1,18 +1,22 @@
-"""The whole-DAG shadow of an ordinary DAG: started from its run's first tasks, in Airflow.
+"""The whole-DAG shadow of a DAG: started from its run's first tasks, in Airflow.
 
-An ordinary DAG (no protected task, no ``BridgeOperator``) in ``shadow`` mode: each of its
-Airflow business runs also gets a Temporal shadow of the whole graph (every task, the same
-business date, templates rendered as Airflow renders them for this run). The shadow captures
-and rolls back fenced writes, refuses egress, runs tasks declared ``side-effect-free`` for
-real (``bridge.worker``), and then compares itself with the Airflow run task by task through
-Airflow's REST API (``bridge.task_comparison``, ``bridge.airflow_side``).
+An ordinary DAG (no protected task, no ``BridgeOperator``), or one that mixes protected tasks
+with ordinary ones, all fenced or declared side-effect-free (``shadow_gate.shadow_route``:
+``whole``), in ``shadow`` mode: each of its Airflow business runs also gets a Temporal shadow of
+the whole graph (every task, the same business date, templates rendered as Airflow renders them
+for this run). The shadow captures and rolls back fenced writes, records its external calls
+without sending them, refuses egress, runs tasks declared ``side-effect-free`` for real
+(``bridge.worker``), and then compares itself with the Airflow run task by task through
+Airflow's REST API (``bridge.task_comparison``, ``bridge.airflow_side``), its fenced tasks' items
+and calls with the primary's ledger (``bridge.comparison``).
 
-It is started by the plugin's listener when a root task of the run starts, in the task's own
-process (never the scheduler's): the mode is fixed for the business run there
-(``ModeStore.fix_for_business_run``, so a mode change mid-run never makes two primaries), and
-the start is a detached child process (``handoff.request(wait=False)``): never waited for,
-never fatal to Airflow's run. Every root task fires it; the workflow id is the business run's,
-so the second start attaches instead of starting another.
+It is started when a root task of the run starts (an ordinary one by the plugin's listener, a
+protected one by the router's shadow handover), in the task's own process (never the
+scheduler's): the mode is fixed for the business run there (``ModeStore.fix_for_business_run``,
+so a mode change mid-run never makes two primaries), and the start is a detached child process
+(``handoff.request(wait=False)``): never waited for, never fatal to Airflow's run. Every root
+task fires it; the workflow id is the business run's, so the second start attaches instead of
+starting another.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from bridge.airflow_side import SOURCE_PREFIX
 from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
 from bridge.in_airflow.refusals import class_names
-from bridge.in_airflow.shadow_gate import shadow_route
+from bridge.in_airflow.shadow_gate import shadowed_whole
 from bridge.in_airflow.translate import UntranslatableDag, translate
 from bridge.spec import RunMode
 
@@ -34,8 +38,9 @@ log = logging.getLogger(__name__)
 def start_for(ti: Any) -> bool:
     """Starts the whole-DAG shadow of ``ti``'s business run when it is due; True if started.
 
-    Due: ``ti`` is a root task (no upstream) of an ordinary DAG whose business run is fixed
-    to ``shadow``. Never raises: the shadow must never disturb Airflow's run.
+    Due: ``ti`` is a root task (no upstream) of a DAG shadowed whole (``shadowed_whole``)
+    whose business run is fixed to ``shadow``. Never raises: the shadow must never disturb
+    Airflow's run.
     """
     try:
         return _start(ti)
@@ -47,7 +52,7 @@ def start_for(ti: Any) -> bool:
 def _start(ti: Any) -> bool:
     task = ti.task
     dag = task.dag
-    if task.upstream_task_ids or shadow_route(dag, [dag]) != "none":
+    if task.upstream_task_ids or not shadowed_whole(dag):
         return False
     if any("BridgeOperator" in class_names(t) for t in dag.tasks):
         return False  # a driver DAG: its graph's mode is the one that counts (operator.py)

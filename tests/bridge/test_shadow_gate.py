@@ -53,6 +53,19 @@ with DAG("gate_protected", schedule="0 2 * * *", start_date=START):
     # only the protected task is shadowed (the router); notify runs in Airflow alone
     BashOperator(task_id="notify", bash_command="echo sent") >> charge()
 
+with DAG("gate_mixed", schedule="0 2 * * *", start_date=START,
+         tags=["side-effect-free:extract", "side-effect-free:notify"]):
+    @exactly_once_task(sink_conn_id="billing_db")
+    def charge(fence: Fence, rows: list) -> int:
+        return len(rows)
+
+    # every task fenced or declared: the whole DAG is shadowed, once per business run
+    @task
+    def extract() -> list:
+        return [1, 2]
+
+    charge(extract()) >> BashOperator(task_id="notify", bash_command="echo sent")
+
 with DAG("gate_graph", schedule=None, start_date=START, tags=["side-effect-free:extract"]) as g:
 
     @task
@@ -96,7 +109,7 @@ def test_shadow_is_refused_naming_the_tasks_temporal_would_run_with_effects(
     catalog.load()
     dags = {d: catalog.dag(d) for d in (
         "gate_undeclared", "gate_declared", "gate_whole", "gate_protected", "gate_graph",
-        "gate_driver",
+        "gate_driver", "gate_mixed",
     )}  # fmt: skip
 
     def refused(dag_id: str) -> list[str]:
@@ -104,9 +117,15 @@ def test_shadow_is_refused_naming_the_tasks_temporal_would_run_with_effects(
 
     assert refused("gate_undeclared") == ["notify"]
     assert [shadow_route(dags[d], dags.values()) for d in ("gate_whole", "gate_protected",
-                                                           "gate_graph")] == [
-        "none", "protected", "bridge-operator"
+                                                           "gate_graph", "gate_mixed")] == [
+        "none", "protected", "bridge-operator", "whole"
     ]  # fmt: skip
+    assert sorted(t.task_id for t in shadow_tasks(dags["gate_mixed"], dags.values())) == [
+        "charge",
+        "extract",
+        "notify",
+    ]
+    assert refused("gate_mixed") == []
     assert refused("gate_declared") == []
     assert refused("gate_whole") == []
     assert [t.task_id for t in shadow_tasks(dags["gate_protected"], dags.values())] == ["charge"]
@@ -159,3 +178,19 @@ def test_a_virtualenv_task_is_shadowed_only_when_declared_side_effect_free(
     # gate refuses it like any task writing outside a fence, unless the DAG declares it free
     assert [r.split(":")[0] for r in found] == (["in_venv"] if refused else []), found
     assert all("writes outside a fence" in r for r in found), found
+
+
+def test_mode_set_shadow_says_whether_protected_tasks_are_shadowed_whole_or_alone(
+    bridge_db: str, dags_folder: Path
+) -> None:
+    done = _mode_set(bridge_db, dags_folder, "gate_mixed")
+    assert done.returncode == 0, done.stderr
+    assert "note: gate_mixed mixes protected tasks with side-effect-free ones" in done.stderr
+    # notify is not declared: only the protected charge is shadowed, and the note says why
+    done = _mode_set(bridge_db, dags_folder, "gate_protected")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "note: gate_protected is shadowed one protected task at a time (notify would run with "
+        "effects in a whole-DAG shadow; were they declared side-effect-free, the whole DAG "
+        "would be shadowed)" in done.stderr
+    )
