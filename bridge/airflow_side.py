@@ -35,13 +35,29 @@ class AirflowSideRefused(RuntimeError):
 REFUSED = (401, 403)
 
 
+#: Airflow's task instance states that are final (any other: the item is still at work).
+FINAL_STATES = frozenset({"success", "failed", "upstream_failed", "skipped", "removed"})
+
+
+def mapped_state(states: list[str]) -> str:
+    """One state for a mapped task's items, as the bridge's workflow merges its items: any item
+    still at work makes it ``running`` (the comparison waits), any failed one ``failed``, all
+    skipped ``skipped``, else ``success`` (some items may have skipped themselves)."""
+    if any(s not in FINAL_STATES for s in states):
+        return "running"
+    if any(s in ("failed", "upstream_failed") for s in states):
+        return "failed"
+    if states and all(s == "skipped" for s in states):
+        return "skipped"
+    return "success"
+
+
 def _mapped_side(api: AirflowApi, run_path: str, tis: list[dict[str, Any]]) -> TaskSide:
     """A mapped task's items as one side: their states and return values in map index order."""
     from bridge.comparison import digest
 
     tis = sorted(tis, key=lambda ti: int(ti["map_index"]))
-    states = {str(ti.get("state") or "none") for ti in tis}
-    state = states.pop() if len(states) == 1 else "failed"
+    state = mapped_state([str(ti.get("state") or "none") for ti in tis])
     values: list[Any] = []
     for ti in tis:
         path = f"{run_path}/taskInstances/{ti['task_id']}/xcomEntries/return_value"

@@ -158,6 +158,11 @@ def check_shadow(dag_id: str, dags: Mapping[str, Any], folder: str) -> str | Non
         )
     if route == "protected" and len(shadow_tasks(dag, dags.values())) < len(dag.tasks):
         unsafe = sorted({r.split(":")[0] for r in _refusals(dag, list(dag.tasks))})
+        if not unsafe:  # e.g. it drives another DAG through a BridgeOperator
+            return (
+                f"{dag_id} is shadowed one protected task at a time (its other tasks run in "
+                "Airflow only)"
+            )
         return (
             f"{dag_id} is shadowed one protected task at a time ("
             + ", ".join(unsafe)

@@ -371,7 +371,9 @@ def _operator_spec(
     if mapped:
         # each item runs the operator Airflow's task runner unmaps for it (``unmap``)
         # its templated fields, expanded ones too, are rendered by the worker (as in Airflow)
-        _, _, expand, expand_kwargs = _expansion(task, lambda value, _: value)
+        map_over, map_arg, expand, expand_kwargs = _expansion(task, lambda value, _: value)
+        if map_over is not None:  # one argument over one upstream list: the same, as pairs
+            expand = ((map_arg, {UPSTREAM_MARKER: map_over}),)
         cls_of = task.operator_class
         if not isinstance(cls_of, type) or names & SKIPPING:
             raise NotTranslatable(
@@ -380,10 +382,6 @@ def _operator_spec(
                 "mapped operator",
             )
         flagged = "deferrable" in inspect.signature(cls_of.__init__).parameters
-        sources = [u.get(UPSTREAM_MARKER) for _, u in expand if isinstance(u, dict)]
-        arg = next((a for a, u in expand if not isinstance(u, dict | list)), None)
-        if arg is not None or any(s is None for s in sources):
-            raise NotTranslatable(f"mapped over {arg!r}: not a list", "expand")
     elif "SerializedBaseOperator" in names or not callable(getattr(task, "execute", None)):
         raise NotTranslatable(
             "a serialized task: translate from the DAG file, not the DB", "serialized"

@@ -66,7 +66,15 @@ def _serve(sock: socket.socket) -> None:
         body = _read(sock)
         if body is None:
             return
-        request = decoder.decode(body)
+        try:
+            request = decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # a request we cannot read: close our end, so the child fails at once instead of
+            # waiting for an answer until the activity times out (the type only: no payload)
+            _log.warning("bridge: unreadable supervisor request (%s): closing", type(exc).__name__)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            return
         kind = (request.body or {}).get("type")
         if kind == "ResendLoggingFD":
             read_end, write_end = os.pipe()

@@ -62,6 +62,9 @@ with workflow.unsafe.imports_passed_through():
 PARALLEL_ITEMS = 50
 #: runs before it handed a mapped task's results on as a dict keyed by item
 MAPPED_LIST_PATCH = "mapped-results-as-list"
+#: runs before it ran a mapped task over an empty upstream list as ``succeeded`` with no items,
+#: and one whose every item skipped itself as ``succeeded`` (Airflow skips both)
+MAPPED_SKIP_PATCH = "mapped-skips-as-airflow"
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
 
@@ -368,6 +371,8 @@ class DagRunWorkflow:
             items = map_items(values, task.map_key_field)
         except InvalidLeaseInput as exc:
             return TaskOutcome("failed", error=f"{task.task_id}: {exc}")
+        if not items and workflow.patched(MAPPED_SKIP_PATCH):
+            return TaskOutcome(SKIPPED)  # as Airflow: a mapped task over nothing is skipped
         return await self._items(inp, template, items)
 
     async def _expanded(
@@ -465,6 +470,10 @@ def _merge(
         # order), of the items that returned something (Airflow pushes no XCom for None)
         result = [v for v in values.values() if v is not None]
     status = "failed" if failed else "succeeded"
+    ran = [done for done in results if done is not None]
+    if not failed and ran and all(done.status == SKIPPED for done in ran):
+        if workflow.patched(MAPPED_SKIP_PATCH):
+            status = SKIPPED  # every item skipped itself: Airflow's downstream rules see skips
     error = "; ".join(failed[:10]) if failed else None
     return TaskOutcome(
         status, result, error, duration, tuple(keys), {} if failed else captured, items=values

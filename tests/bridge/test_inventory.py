@@ -540,6 +540,23 @@ def test_mapped_classic_operators_run_each_item_through_execute() -> None:
     assert spec["show"].upstream == ("echo",)
 
 
+def test_a_classic_operator_mapped_over_an_upstream_list_is_mapped() -> None:
+    """The commonest form (``BashOperator.partial(...).expand(bash_command=upstream)``): one
+    item per element of the upstream task's list, as Airflow maps it, never one unmapped task."""
+    with _dag("mapped_operator_over_upstream") as dag:
+
+        @task
+        def commands() -> list[str]:
+            return ["echo a", "echo b"]
+
+        BashOperator.partial(task_id="over").expand(bash_command=commands())
+    spec = _spec(translate(dag))
+    assert spec["over"].kind is TaskKind.EXECUTE
+    assert spec["over"].mapped
+    assert spec["over"].expand == (("bash_command", {UPSTREAM_MARKER: "commands"}),)
+    assert spec["over"].upstream == ("commands",)
+
+
 def test_mapping_over_an_xcom_transform_or_a_dict_is_refused() -> None:
     with _dag("map_transform") as dag:
 

@@ -105,3 +105,16 @@ def test_a_failed_teardown_does_not_fail_the_airflow_side_unless_it_decides_the_
     assert run_state(tasks, decisive={"work"}) == "success"  # as Airflow: teardowns left out
     assert run_state(tasks, decisive={"delete"}) == "failed"  # on_failure_fail_dagrun
     assert run_state(tasks) == "failed"
+
+
+def test_a_mapped_task_still_at_work_on_airflow_is_running_not_failed() -> None:
+    from bridge.airflow_side import mapped_state
+
+    # the comparison waits for it (run_state sees running) instead of judging it failed
+    assert mapped_state(["success", "running"]) == "running"
+    assert mapped_state(["success", "queued", "failed"]) == "running"
+    assert mapped_state(["success", "upstream_failed"]) == "failed"
+    assert mapped_state(["skipped", "skipped"]) == "skipped"
+    # as the workflow merges: items that skipped themselves beside ones that ran
+    assert mapped_state(["success", "skipped"]) == "success"
+    assert mapped_state(["success", "success"]) == "success"

@@ -248,7 +248,9 @@ def test_a_mapped_async_callable_is_awaited_per_item(
 
     result = asyncio.run(scenario())
     assert result.status == "success"
-    assert _outcome(result, "fetch") == ("succeeded", {"1": 100, "2": 200, "3": 300})
+    # handed on as Airflow does: the items' results in map index order
+    assert _outcome(result, "fetch") == ("succeeded", [100, 200, 300])
+    assert result.tasks["fetch"].items == {"1": 100, "2": 200, "3": 300}
 
 
 def test_a_mapped_callable_gets_its_items_map_index_and_task_state(
@@ -271,9 +273,10 @@ def test_a_mapped_callable_gets_its_items_map_index_and_task_state(
     # each item has its own state (as Airflow's per map_index), kept across its tries
     assert _outcome(result, "process") == (
         "succeeded",
-        {
-            "orders": {"map_index": 0, "half_done": None},
-            "customers": {"map_index": 1, "half_done": "customers"},
-            "products": {"map_index": 2, "half_done": None},
-        },
+        [
+            {"map_index": 0, "half_done": None},
+            {"map_index": 1, "half_done": "customers"},
+            {"map_index": 2, "half_done": None},
+        ],
     )
+    assert list(result.tasks["process"].items) == ["orders", "customers", "products"]

@@ -135,6 +135,8 @@ def check(
         items=sum(len(items) for items in log["keys"].values()),
         faults_injected=len(log["faults"]),
         faults_landed=sum(int(f["landed"]) for f in log["faults"]),
+        # faults counted under no run (one that hit while none was at work), so none is lost
+        faults_unattributed=sum(1 for f in log["faults"] if f["key"] not in log["keys"]),
         duplicate_effects=sum(duplicates.values()),
         stale_writes_accepted=sum(stale.values()),
         items_missed=sum(missed.values()),

@@ -50,6 +50,8 @@ def test_a_fault_that_hit_no_run_is_counted_for_no_run() -> None:
         "items": 0,
     }
     assert verdict["duplicate_effects"] == verdict["items_missed"] == 0
+    assert verdict["faults_injected"] == 2
+    assert verdict["faults_unattributed"] == 1
 
 
 def test_duplicates_stale_writes_missed_items_and_wedged_keys_are_reported() -> None:

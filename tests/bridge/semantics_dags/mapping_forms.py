@@ -6,8 +6,11 @@ it in Airflow and through the bridge, XComs in map index order on both sides):
 * ``expand()`` over a literal list, over several arguments (the cross product, the last
   argument varying fastest), with ``partial()``, and over a mapped task's list;
 * ``expand_kwargs()`` over an upstream task's list of argument dicts and a literal one;
-* mapped classic operators (``BashOperator.partial(...).expand(...)``, a templated field,
-  ``expand_kwargs``), and a classic operator taking a mapped task's output.
+* a task mapped over an empty list, and an operator whose every item skips itself (bash's
+  ``exit 99``): both skipped, and their ``all_success`` downstream too;
+* mapped classic operators (``BashOperator.partial(...).expand(...)`` over a literal list and
+  over an upstream task's list, a templated field, ``expand_kwargs``), and a classic operator
+  taking a mapped task's output.
 
 Every item has arguments of its own: the bridge refuses two items with the same arguments
 (MIGRATION.md, "How a mapped task's activities are keyed"), where Airflow runs both.
@@ -43,6 +46,18 @@ class TotalOperator(BaseOperator):
 
     def execute(self, context: object) -> int:
         return sum(self.values)  # type: ignore[call-overload]
+
+
+@task
+def commands() -> list[str]:
+    """Commands for a classic operator mapped over this task's list."""
+    return ["echo first", "echo second"]
+
+
+@task
+def nothing() -> list[str]:
+    """An empty list: Airflow skips a task mapped over it, and its all_success downstream."""
+    return []
 
 
 @dag(schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"), catchup=False)
@@ -114,6 +129,21 @@ def mapping_forms() -> None:
     scaled = ScaleOperator.partial(task_id="scale").expand(value=[3, 1, 2], factor=[10, 100])
     TotalOperator(task_id="total", values=scaled.output)
     listed.override(task_id="echoed")(bash.output)
+
+    # the commonest form: a classic operator over one upstream task's list
+    over = BashOperator.partial(task_id="echo_over", do_xcom_push=True).expand(
+        bash_command=commands()
+    )
+    listed.override(task_id="echoed_over")(over.output)
+
+    listed.override(task_id="after_nothing")(
+        lengths.override(task_id="over_nothing").expand(word=nothing())
+    )
+    # every item skips itself (bash's exit 99)
+    skips = BashOperator.partial(task_id="skip_each").expand(
+        bash_command=["echo p; exit 99", "echo q; exit 99"]
+    )
+    listed.override(task_id="after_skips")(skips.output)
 
 
 mapping_forms()
