@@ -68,13 +68,20 @@ def _program(event: str, args: tuple[Any, ...]) -> str:
     return os.path.basename(words[0]) if words else "?"
 
 
-def _hook(event: str, args: tuple[Any, ...]) -> None:
-    if event != "socket.connect" and event not in _PROCESS_EVENTS:
+def _hook(
+    event: str,
+    args: tuple[Any, ...],
+    _process_events: frozenset[str] = _PROCESS_EVENTS,
+    _guard: contextvars.ContextVar[_Guard | None] = _GUARD,
+) -> None:
+    # what it reads is bound at definition: at interpreter exit the module's globals are
+    # cleared while audit hooks still run
+    if event != "socket.connect" and event not in _process_events:
         return
-    guard = _GUARD.get()
+    guard = _guard.get()
     if guard is None:
         return
-    if event in _PROCESS_EVENTS:
+    if event in _process_events:
         message = (
             f"a shadow run may not start a process ({event} {_program(event, args)!r}): the guard "
             "cannot see what it connects to (a virtualenv's pip install, a callable in another "
