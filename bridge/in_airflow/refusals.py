@@ -175,7 +175,8 @@ def refuse_own_environment(task: Any, fn: Callable[..., Any] | None, names: set[
     if fn is None or not names & OWN_ENVIRONMENT:
         return
     args = list(getattr(task, "op_args", None) or ())
-    passed = {*(getattr(task, "op_kwargs", None) or {}), *_parameters(fn)[: len(args)]}
+    positional = list(inspect.signature(fn).parameters)[: len(args)]
+    passed = {*(getattr(task, "op_kwargs", None) or {}), *positional}
     wired = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -202,10 +203,6 @@ def refuse_own_environment(task: Any, fn: Callable[..., Any] | None, names: set[
     refused = [u for u in callable_uses(fn, passed=passed, wired=wired) if not u.carried]
     if refused:
         raise NotTranslatable(refused[0].reason, uses=refused)
-
-
-def _parameters(fn: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(fn).parameters)
 
 
 def elsewhere(cls: str, names: set[str], *, mapped: bool = False) -> tuple[str, str]:
