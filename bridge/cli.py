@@ -40,7 +40,7 @@ from airflow_plugins.lease.command_line import (
     add_global_options,
     fail,
 )
-from bridge.comparison import readiness, recent
+from bridge.comparison import readiness, recent, waits
 from bridge.config import BridgeConfig, ConfigError, TemporalUnavailable
 from bridge.cutover import CutoverMode, ModeChangeRefused, ModeStore, migrate_bridge
 from bridge.spec import DagSpec
@@ -318,6 +318,12 @@ def _airflow_pause(args: argparse.Namespace, verb: str) -> None:
 def cmd_compare(args: argparse.Namespace, config: BridgeConfig) -> int:
     """Prints a DAG's latest comparisons and whether it is ready to cut over."""
     with _store(config) as store:
+        for wait in waits(store, args.dag_id):
+            if args.json:
+                print(json.dumps({"pending": True, **wait}, default=str, sort_keys=True))
+                continue
+            print(f"{wait['business_date']}\tpending since {wait['since']:%Y-%m-%d %H:%M:%S%z}")
+            print(f"    {wait['reason']}")
         for row in recent(store, args.dag_id, args.limit):
             if args.json:
                 print(json.dumps(row, default=str, sort_keys=True))

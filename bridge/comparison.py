@@ -94,11 +94,38 @@ def store_comparison(store: LeaseStore, row: ComparisonRow) -> Comparison:
         for name, value in dataclasses.asdict(row).items()
     }
     params["matched"] = not row.differences
-    with store.connection() as conn:
+    run = {"dag_id": row.dag_id, "business_date": row.business_date}
+    with store.connection() as conn, conn.transaction():
         conn.execute(query("comparison_upsert"), params)
+        conn.execute(query("comparison_wait_clear"), run)
     return Comparison(
         pending=False, matched=not row.differences, differences=tuple(row.differences)
     )
+
+
+def _pending(
+    store: LeaseStore, shadow: DagRunResult, reason: str, *differences: dict[str, Any]
+) -> Comparison:
+    """A pending verdict, its reason stored for the Migration page and ``bridge compare``
+    (``waits``) until the comparison's row replaces it."""
+    run = {
+        "dag_id": shadow.dag_id,
+        "business_date": keyed_date(shadow.business_date, shadow.partition_key),
+        "reason": reason,
+    }
+    with store.connection() as conn:
+        conn.execute(query("comparison_wait_upsert"), run)
+    return Comparison(pending=True, differences=differences)
+
+
+def waits(store: LeaseStore, dag_id: str) -> list[dict[str, Any]]:
+    """The DAG's finished shadows whose comparison still waits, and why, newest first (none
+    before the bridge's schema has its wait table: no comparison can have waited there)."""
+    try:
+        with store.connection() as conn:
+            return conn.execute(query("comparison_waits"), {"dag_id": dag_id}).fetchall()
+    except psycopg.errors.UndefinedTable:
+        return []
 
 
 def digest(value: Any) -> str:
@@ -113,7 +140,7 @@ class _Side:
     ms: int | None
     digests: dict[str, str]
     items: dict[str, list[str]]
-    pending: bool = False
+    waiting: list[str] = dataclasses.field(default_factory=list)  # tasks not finished
     calls: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
@@ -124,8 +151,8 @@ def compare_run(store: LeaseStore, inp: CompareInput) -> Comparison:
         return _compare_tasks(store, inp, airflow_run)
     shadow = inp.shadow
     primary = _primary_side(store, inp.spec, shadow)
-    if primary.pending and not inp.final:
-        return Comparison(pending=True)
+    if primary.waiting and not inp.final:
+        return _pending(store, shadow, "the primary has not finished " + ", ".join(primary.waiting))
     shadow_side = _shadow_side(shadow)
     differences = _differences(primary, shadow_side)
     return store_comparison(
@@ -167,7 +194,7 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
             store,
             ComparisonRow(
                 dag_id=shadow.dag_id,
-                business_date=shadow.business_date,
+                business_date=keyed_date(shadow.business_date, shadow.partition_key),
                 primary_status="refused",
                 primary_ms=None,
                 shadow_status=shadow.status,
@@ -189,12 +216,12 @@ def _compare_tasks(store: LeaseStore, inp: CompareInput, airflow_run: str) -> Co
             exc,
         )
         if not inp.final:
-            return Comparison(pending=True, differences=(unavailable,))
+            return _pending(store, shadow, unavailable["reason"], unavailable)
         primary = {}
     decisive = run_state_tasks(inp.spec)
     primary_status = task_comparison.run_state(primary, decisive) if primary else "missing"
     if primary_status == "running" and not inp.final:
-        return Comparison(pending=True)
+        return _pending(store, shadow, "Airflow's run has not finished")
     fenced = _fenced_sides(store, inp.spec, shadow)  # Airflow's run is done: its leases too
     theirs = task_comparison.shadow_tasks(shadow)
     differences = task_comparison.differences(primary, theirs)
@@ -296,12 +323,14 @@ class Readiness:
         needed: consecutive matching runs needed (``BRIDGE_READY_AFTER``).
         compared: compared shadow runs among the last ``needed`` (fewer when fewer ran).
         last_diverging: the business date of the newest diverging run among them, if any.
+        pending: the newest finished shadow whose comparison waits, and why (``waits``).
     """
 
     dag_id: str
     needed: int
     compared: int
     last_diverging: str | None = None
+    pending: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -312,6 +341,10 @@ class Readiness:
         """What stands between the DAG and cutover, in a user's words ("" when ready)."""
         if self.ready:
             return ""
+        why = self._why_not_compared()
+        return f"{why}; {self.pending}" if self.pending else why
+
+    def _why_not_compared(self) -> str:
         if self.last_diverging is not None:
             return (
                 f"its shadow run of {self.last_diverging} diverged from Airflow's; it needs "
@@ -329,7 +362,13 @@ def readiness(store: LeaseStore, dag_id: str, runs: int) -> Readiness:
     """What the DAG's last ``runs`` compared business runs say about cutting over."""
     rows = recent(store, dag_id, runs)
     diverging = next((str(r["business_date"]) for r in rows if not r["matched"]), None)
-    return Readiness(dag_id, runs, len(rows), diverging)
+    waiting = waits(store, dag_id)
+    pending = (
+        f"the comparison of {waiting[0]['business_date']} is pending: {waiting[0]['reason']}"
+        if waiting
+        else None
+    )
+    return Readiness(dag_id, runs, len(rows), diverging, pending)
 
 
 def ready(store: LeaseStore, dag_id: str, runs: int) -> bool:
@@ -369,7 +408,7 @@ def _primary_side(store: LeaseStore, spec: DagSpec, shadow: DagRunResult) -> _Si
         got = by_task.get(task.task_id, [])
         states = {r["state"] for r in got}
         if not got or "running" in states:
-            side.pending = True
+            side.waiting.append(task.task_id)
             side.status = "running" if got else "missing"
             continue
         if states != {"succeeded"}:

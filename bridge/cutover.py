@@ -127,6 +127,16 @@ class ModeStore:
         Temporal schedule's tick fixes (``bridge.ScheduledDag``)."""
         return self.fix_for_run(dag_id, business_run_id(business_date))
 
+    def fix_route_for_business_run(self, dag_id: str, business_date: str, route: str) -> str:
+        """The shadow route of one business run whose mode is fixed (``whole`` or ``task``):
+        ``route`` if this caller is the first to fix it, else the one fixed before, so a DAG
+        file changed mid-run cannot give the run both a whole-DAG and a per-task shadow."""
+        params = {"dag_id": dag_id, "run_id": business_run_id(business_date), "route": route}
+        rows = self._rows("route_fix_for_run", params)
+        if not rows:
+            raise LookupError(f"{dag_id} {business_date}: its mode is not fixed yet")
+        return str(rows[0]["route"])
+
     def fix_for_run(self, dag_id: str, run_id: str) -> CutoverMode:
         """The mode of one run: fixed by the first caller, the same for every later one."""
         rows = self._rows("mode_fix_for_run", {"dag_id": dag_id, "run_id": run_id})

@@ -302,6 +302,7 @@ class DagMigration:
     reason: str | None
     comparisons: list[dict[str, Any]]
     divergences: list[dict[str, Any]]
+    waiting: list[dict[str, Any]]  # finished shadows whose comparison waits, and why
     ready: bool
     ready_after: int
     duration_chart: str
@@ -322,7 +323,7 @@ def migration_page(
 
     Returns the DAGs and the valid mode names.
     """
-    from bridge.comparison import recent
+    from bridge.comparison import recent, waits
     from bridge.cutover import CutoverMode, ModeStore
 
     try:
@@ -352,6 +353,7 @@ def migration_page(
                 reason=row.get("reason"),
                 comparisons=compared,
                 divergences=[c for c in compared if c.get("matched") is False],
+                waiting=waits(store, dag_id) if modes else [],
                 ready=len(last) >= ready_after and all(c.get("matched") for c in last),
                 ready_after=ready_after,
                 duration_chart=_duration_chart(dag_id, compared),

@@ -9,7 +9,7 @@ even after a rollback (which applies from the next business date on):
 
 * ``airflow``: run here;
 * ``shadow``: start the Temporal shadow of this task (not waited for), then run here; a DAG
-  shadowed whole (``shadow_gate.shadowed_whole``) gets one shadow per business run instead,
+  shadowed whole (route ``whole``, fixed per business run) gets one shadow per business run instead,
   started from its root task (``bridge.in_airflow.whole_shadow``);
 * ``temporal`` / ``temporal-scheduled``: hand the task's work to Temporal (a workflow whose id
   is the task's lease key), defer on ``WorkflowTrigger``, return the workflow's result.
@@ -29,7 +29,6 @@ from airflow_plugins.protection.routing import ProtectedRun, Route
 from bridge.config import BridgeConfig, TemporalUnavailable
 from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
-from bridge.in_airflow.shadow_gate import shadowed_whole
 from bridge.in_airflow.translate import dag_lane, declared_side_effect_free, task_spec
 from bridge.spec import DagSpec, RunMode, TaskKind
 
@@ -135,15 +134,16 @@ class ShadowHandover:
     def start(self, operator: Any, context: Mapping[str, Any], run: ProtectedRun) -> Any:
         """Fires the shadow (never waited for, never fatal), then the normal protected try.
 
-        The shadow of this task alone, unless its DAG is shadowed whole (``shadowed_whole``):
-        then one shadow per business run, started from a root task (this one, if it is).
+        The shadow of this task alone, unless its business run's route is ``whole``
+        (``whole_shadow.fixed_route``): then one shadow per business run, started from a root
+        task (this one, if it is).
         """
         from airflow_plugins.protection import protected_try
+        from bridge.in_airflow.whole_shadow import WHOLE, fixed_route, start_for
 
         try:
-            if shadowed_whole(context["dag"]):
-                from bridge.in_airflow.whole_shadow import start_for
-
+            business_date = split_partition(run.key.business_date)[0]
+            if fixed_route(context["dag"], business_date) == WHOLE:
                 start_for(context["ti"])  # a root task starts it; never fatal either
             else:
                 self._shadow_this_task(operator, context, run)

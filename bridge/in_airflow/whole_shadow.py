@@ -14,7 +14,8 @@ It is started when a root task of the run starts (an ordinary one by the plugin'
 protected one by the router's shadow handover), in the task's own process (never the
 scheduler's): the mode is fixed for the business run there (``ModeStore.fix_for_business_run``,
 so a mode change mid-run never makes two primaries), and the start is a detached child process
-(``handoff.request(wait=False)``): never waited for, never fatal to Airflow's run. Every root
+(``handoff.request(wait=False)``): never waited for, never fatal to Airflow's run. Its route
+(whole, or per protected task) is fixed per business run as well (``fixed_route``). Every root
 task fires it; the workflow id is the business run's, so the second start attaches instead of
 starting another.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from airflow_plugins.lease.keys import split_partition
 from bridge.airflow_side import SOURCE_PREFIX
 from bridge.cutover import CutoverMode, mode_store
 from bridge.in_airflow import handoff
@@ -33,6 +35,7 @@ from bridge.in_airflow.translate import UntranslatableDag, translate
 from bridge.spec import RunMode
 
 log = logging.getLogger(__name__)
+WHOLE = "whole"
 
 
 def start_for(ti: Any) -> bool:
@@ -49,10 +52,20 @@ def start_for(ti: Any) -> bool:
         return False
 
 
+def fixed_route(dag: Any, business_date: str) -> str:
+    """The shadow route of a business run fixed to ``shadow``: ``whole`` or ``task``, decided
+    from the DAG file by the run's first shadowed task and the same for every later one."""
+    from airflow_plugins.protection import config
+
+    modes = mode_store(config.lease_store(), config.lease_dsn())
+    route = WHOLE if shadowed_whole(dag) else "task"
+    return modes.fix_route_for_business_run(dag.dag_id, business_date, route)
+
+
 def _start(ti: Any) -> bool:
     task = ti.task
     dag = task.dag
-    if task.upstream_task_ids or not shadowed_whole(dag):
+    if task.upstream_task_ids:
         return False
     if any("BridgeOperator" in class_names(t) for t in dag.tasks):
         return False  # a driver DAG: its graph's mode is the one that counts (operator.py)
@@ -64,8 +77,11 @@ def _start(ti: Any) -> bool:
     modes = mode_store(config.lease_store(), config.lease_dsn())
     if modes.get(dag.dag_id) is CutoverMode.AIRFLOW:
         return False  # the common case: nothing written (a run fixed to shadow is not primary)
-    if modes.fix_for_business_run(dag.dag_id, business_date) is not CutoverMode.SHADOW:
+    fixed_date = split_partition(business_date)[0]  # fixed per date, as the router fixes it
+    if modes.fix_for_business_run(dag.dag_id, fixed_date) is not CutoverMode.SHADOW:
         return False
+    if fixed_route(dag, fixed_date) != WHOLE:
+        return False  # per-task shadows (a protected task's route fixed it so)
     translation = translate(dag, render=lambda value, _: task.render_template(value, context))
     if translation.spec is None:
         raise UntranslatableDag(translation)

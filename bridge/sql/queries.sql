@@ -25,6 +25,12 @@ SELECT %(dag_id)s, %(run_id)s,
 ON CONFLICT (dag_id, run_id) DO UPDATE SET mode = bridge.run_mode.mode
 RETURNING mode;
 
+-- name: route_fix_for_run
+-- The first shadowed task of a run fixes its shadow route; later ones read it back.
+UPDATE bridge.run_mode SET route = coalesce(route, %(route)s)
+WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s
+RETURNING route;
+
 -- name: comparison_upsert
 INSERT INTO bridge.comparison (
     dag_id, business_date, primary_engine, primary_status, primary_ms, primary_digests,
@@ -44,6 +50,21 @@ ON CONFLICT (dag_id, business_date) DO UPDATE SET
     primary_calls = excluded.primary_calls, shadow_calls = excluded.shadow_calls,
     primary_tasks = excluded.primary_tasks, shadow_tasks = excluded.shadow_tasks,
     compared_at = now();
+
+-- name: comparison_wait_upsert
+-- A finished shadow's comparison waits: why, since when (kept), last tried (now).
+INSERT INTO bridge.comparison_wait (dag_id, business_date, reason)
+VALUES (%(dag_id)s, %(business_date)s, %(reason)s)
+ON CONFLICT (dag_id, business_date) DO UPDATE
+    SET reason = excluded.reason, last_tried_at = now();
+
+-- name: comparison_wait_clear
+DELETE FROM bridge.comparison_wait WHERE dag_id = %(dag_id)s AND business_date = %(business_date)s;
+
+-- name: comparison_waits
+SELECT dag_id, business_date, reason, since, last_tried_at FROM bridge.comparison_wait
+WHERE dag_id = %(dag_id)s
+ORDER BY business_date DESC;
 
 -- name: comparison_get
 SELECT * FROM bridge.comparison WHERE dag_id = %(dag_id)s AND business_date = %(business_date)s;

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_plugins.lease import LeaseStore
 from bridge.airflow_side import SOURCE_PREFIX
-from bridge.comparison import CompareInput, compare_run, get_comparison
+from bridge.comparison import CompareInput, compare_run, get_comparison, readiness, waits
 from bridge.config import SETTINGS, BridgeConfig
 from bridge.spec import DagRunResult, DagSpec, RunMode, TaskOutcome, TaskSpec
 
@@ -110,6 +110,13 @@ def test_an_unreachable_api_keeps_the_comparison_waiting_and_says_why(
     assert f"waits for Airflow's API: Airflow's API at {url}" in caplog.text
     assert get_comparison(lease_store, "ordinary", DAY) is None
     assert PASSWORD not in caplog.text
+    # what the Migration page, `bridge compare` and the cutover refusal show meanwhile
+    [wait] = waits(lease_store, "ordinary")
+    assert (wait["business_date"], wait["reason"]) == (DAY, why["reason"])
+    assert PASSWORD not in str(wait)
+    gate = readiness(lease_store, "ordinary", 3).why_not()
+    assert gate.startswith("no shadow run has been compared yet; run 3 in shadow first; ")
+    assert gate.endswith(f"the comparison of {DAY} is pending: {why['reason']}")
 
     # the wait's end: the row is stored, saying Airflow's side was never read and why
     verdict = compare_run(lease_store, _input(final=True))
@@ -119,6 +126,7 @@ def test_an_unreachable_api_keeps_the_comparison_waiting_and_says_why(
     assert row["primary_status"] == "missing"
     assert row["differences"][0]["what"] == "airflow_api"
     assert url in row["differences"][0]["reason"]
+    assert waits(lease_store, "ordinary") == []
 
 
 def test_the_api_settings_are_the_bridges_and_the_password_is_never_shown(

@@ -194,3 +194,57 @@ def test_mode_set_shadow_says_whether_protected_tasks_are_shadowed_whole_or_alon
         "effects in a whole-DAG shadow; were they declared side-effect-free, the whole DAG "
         "would be shadowed)" in done.stderr
     )
+
+
+def _mixed(tags: list[str]) -> object:
+    """``route_fixed``: extract -> protected charge -> report; whole when both are declared."""
+    import pendulum
+    from airflow.sdk import DAG, task
+
+    from airflow_plugins.lease.fence import Fence
+    from airflow_plugins.protection.decorators import exactly_once_task
+
+    start = pendulum.datetime(2024, 1, 1, tz="UTC")
+    with DAG("route_fixed", schedule="0 2 * * *", start_date=start, tags=tags) as dag:
+
+        @task
+        def extract() -> list[int]:
+            return [1, 2]
+
+        @exactly_once_task(sink_conn_id="billing_db")
+        def charge(fence: Fence, rows: list[int]) -> int:
+            return len(rows)
+
+        @task
+        def report(n: int) -> None:
+            print(n)
+
+        report(charge(rows=extract()))
+    return dag
+
+
+def test_a_business_runs_shadow_route_stays_as_its_first_task_fixed_it(
+    bridge_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DAG file changed mid-run (a task's side-effect-free tag dropped) must not give the run
+    a per-task shadow beside the whole-DAG one it already has: the route is fixed per run."""
+    from airflow_plugins.lease import LeaseStore
+    from bridge.cutover import ModeStore, migrate_bridge
+    from bridge.in_airflow.shadow_gate import shadow_route
+    from bridge.in_airflow.whole_shadow import fixed_route
+
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__LEASE_DSN", bridge_db)
+    migrate_bridge(bridge_db)
+    declared, changed = _mixed(["side-effect-free:extract", "side-effect-free:report"]), _mixed([])
+    assert (shadow_route(declared), shadow_route(changed)) == ("whole", "protected")
+    with LeaseStore(bridge_db) as store:
+        modes = ModeStore(store)
+        modes.set("route_fixed", "shadow", actor="ops", reason="dual run")
+        with pytest.raises(LookupError, match="its mode is not fixed yet"):
+            fixed_route(declared, "2024-03-01")
+        for day in ("2024-03-01", "2024-03-02"):
+            assert modes.fix_for_business_run("route_fixed", day).value == "shadow"
+        assert fixed_route(declared, "2024-03-01") == "whole"  # the run's root task
+        assert fixed_route(changed, "2024-03-01") == "whole"  # its charge, after the change
+        assert fixed_route(changed, "2024-03-02") == "task"  # the next run: the new file's route
+        assert fixed_route(declared, "2024-03-02") == "task"

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from airflow_plugins.lease import LEASE_STORE, LeaseStore, migrate
-from bridge.comparison import ComparisonRow, store_comparison
+from bridge.comparison import CompareInput, ComparisonRow, compare_run, store_comparison
 from bridge.cutover import ModeStore, migrate_bridge
+from bridge.spec import DagRunResult, DagSpec, RunMode, TaskOutcome, TaskSpec
 
 
 def bridge(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -133,6 +134,34 @@ def test_cutover_refusal_says_what_the_shadow_runs_lack(empty_db: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ready_x: shadow -> temporal (v2)"
+
+
+def test_compare_shows_a_finished_shadow_whose_comparison_waits_and_why(empty_db: str) -> None:
+    """A shadow finished before its primary: no row to compare yet, but the wait and its reason
+    are shown, and go once the comparison is stored."""
+    migrate(empty_db, LEASE_STORE)
+    migrate_bridge(empty_db)
+    spec = DagSpec(dag_id="waits_x", tasks=(TaskSpec(task_id="charge", callable_ref="m:f"),))
+    shadow = DagRunResult(
+        "waits_x", "2026-11-07", RunMode.SHADOW, "success", {"charge": TaskOutcome("succeeded")}
+    )
+    with LeaseStore(empty_db) as store:
+        assert compare_run(store, CompareInput(spec, shadow)).pending  # no primary lease yet
+    env = {"BRIDGE_LEASE_DSN": empty_db, "BRIDGE_READY_AFTER": "3"}
+    shown = bridge("compare", "waits_x", **env)
+    assert shown.returncode == 0, shown.stderr
+    pending, reason, verdict = shown.stdout.splitlines()
+    assert pending.startswith("2026-11-07\tpending since ")
+    assert reason == "    the primary has not finished charge"
+    assert json.loads(verdict)["why"].endswith(
+        "; the comparison of 2026-11-07 is pending: the primary has not finished charge"
+    )
+    [wait, _] = bridge("compare", "waits_x", "--json", **env).stdout.splitlines()
+    assert json.loads(wait)["pending"] is True
+    _compared(empty_db, "waits_x", "2026-11-07", matched=True)
+    after = bridge("compare", "waits_x", **env).stdout
+    assert after.startswith("2026-11-07\tmatch\t")
+    assert "pending" not in after
 
 
 SCHEDULED_DAGS = """

@@ -4,8 +4,9 @@ A person logs in through Airflow's login form, then opens each page: the leases 
 lease of a real protected billing run and the duplicate run that was blocked; the audit page
 answers "ran exactly once" for it with its token and holder; the runs page shows a per-minute
 opted-in DAG's schedule lag and its SLA; the migration page shows a DAG in shadow mode with its
-compared runs and a divergence; a DAG run whose driver handed it to Temporal has a "Temporal
-tasks" tab on Airflow's DAG run page, and its page shows each task's state from the workflow.
+compared runs, a divergence and a comparison still waiting (and why); a DAG run whose driver
+handed it to Temporal has a "Temporal tasks" tab on Airflow's DAG run page, and its page shows
+each task's state from the workflow.
 Every chart is an SVG that renders with marks in it; any browser console error fails the test.
 A screenshot of each page, on a desktop and on a phone-sized screen, is saved under
 ``test-artifacts/views/``.
@@ -41,8 +42,9 @@ DEMO_DAG = "views_shadow_demo"
 
 def _seed_migration(airflow: AirflowHarness) -> None:
     """A DAG in shadow mode with compared runs (one diverging), through the bridge's store."""
-    from bridge.comparison import ComparisonRow, store_comparison
+    from bridge.comparison import CompareInput, ComparisonRow, compare_run, store_comparison
     from bridge.cutover import ModeStore, migrate_bridge
+    from bridge.spec import DagRunResult, DagSpec, RunMode, TaskOutcome, TaskSpec
 
     migrate_bridge(airflow.lease_dsn)
     with airflow.lease_store() as store:
@@ -67,6 +69,11 @@ def _seed_migration(airflow: AirflowHarness) -> None:
                     shadow_items={"charge": ["c1", "c2"]},
                 ),
             )
+        # a seventh shadow finished before its primary: its comparison waits, saying why
+        spec = DagSpec(DEMO_DAG, tasks=(TaskSpec(task_id="charge", callable_ref="m:f"),))
+        outcome = {"charge": TaskOutcome("succeeded")}
+        shadow = DagRunResult(DEMO_DAG, "2024-02-16", RunMode.SHADOW, "success", outcome)
+        assert compare_run(store, CompareInput(spec, shadow)).pending
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +222,9 @@ def test_each_page_in_a_real_browser(
             assert "shadow" in modes
             section = page.locator(f"#dag-{DEMO_DAG}")
             assert "diverged" in section.inner_text()
+            waiting = section.locator("table.waiting").inner_text()
+            assert "2024-02-16" in waiting
+            assert "the primary has not finished charge" in waiting
             assert section.locator("svg.chart circle").count() >= 12  # both engines, 6 runs
             browser.charts_render(2)
             page.screenshot(path=str(ARTIFACTS / "migration.png"), full_page=True)
