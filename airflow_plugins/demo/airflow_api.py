@@ -153,15 +153,18 @@ class AirflowApi:
                 return ti
         return None
 
-    def clear_task(self, dag_id: str, run_id: str, task_id: str) -> None:
-        """Clears one task instance of a run (as the UI's "Clear" does), even if it runs."""
+    def clear_task(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int | None = None
+    ) -> None:
+        """Clears one task instance of a run (as the UI's "Clear" does), even if it runs; of a
+        mapped task, the one at ``map_index`` (None: every one)."""
         self.request(
             "POST",
             f"/api/v2/dags/{dag_id}/clearTaskInstances",
             json={
                 "dry_run": False,
                 "dag_run_id": run_id,
-                "task_ids": [task_id],
+                "task_ids": [task_id if map_index is None else [task_id, map_index]],
                 "only_failed": False,
                 "only_running": False,
                 "reset_dag_runs": True,
@@ -170,12 +173,15 @@ class AirflowApi:
             },
         )
 
-    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
+    def set_task_state(
+        self, dag_id: str, run_id: str, task_id: str, state: str, map_index: int | None = None
+    ) -> None:
         """Sets one task instance's state (the UI's "Mark as failed" / "success"), even if it
-        runs."""
+        runs; of a mapped task, the one at ``map_index``."""
+        item = "" if map_index is None else f"/{map_index}"
         self.request(
             "PATCH",
-            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}{item}",
             json={"new_state": state},
         )
 

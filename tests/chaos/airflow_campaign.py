@@ -76,7 +76,7 @@ from airflow_plugins.demo.embedded_postgres import EmbeddedPostgres
 from airflow_plugins.demo.stack import SCHEDULERS
 from airflow_plugins.lease import LEASE_STORE, SINK_FENCE, Holder, LeaseStore, Outcome, migrate
 from airflow_plugins.lease.agent_client import AgentClient
-from airflow_plugins.lease.keys import lease_key
+from airflow_plugins.lease.keys import escape_map_key, lease_key
 from tests.chaos.airflow_checker import bad
 from tests.chaos.lease_campaign import ADMIN_DSN
 from tests.chaos.proxy import Proxy
@@ -90,6 +90,8 @@ REPO = Path(__file__).resolve().parents[2]
 DAGS = Path(__file__).resolve().parent / "dags"
 DAG_ID = "chaos_billing"
 PLAIN_DAG_ID = "chaos_billing_plain"  # its twin with the plugin disabled
+MAPPED_DAG_ID = "chaos_billing_mapped"  # the charge mapped per tenant (--mapped)
+TENANTS = ("north", "south", "east", "west")  # --mapped: the runs' tenants, in map index order
 TASK = "charge"
 TASK_KINDS = ("task_sigkill", "supervisor_sigkill", "sigstop_within_lease", "sigstop_past_lease")
 AIRFLOW_KINDS = (
@@ -118,8 +120,8 @@ SELECT key, (holder->>'pid')::int FROM runlease.lease
 WHERE state = 'running' AND expires_at > now()
 """
 RUNNING_TRIES = """
-SELECT run_id, id::text, try_number FROM task_instance
-WHERE dag_id = %s AND task_id = %s AND map_index = -1 AND state = 'running'
+SELECT run_id, id::text, map_index FROM task_instance
+WHERE dag_id = %s AND task_id = %s AND state = 'running'
 """
 RUN_STATES = "SELECT run_id, state FROM dag_run WHERE dag_id = %s"
 # the charge tries waiting in the triggerer (a held lease, an unreachable store)
@@ -137,13 +139,15 @@ TERMINAL = ("success", "failed")
 
 @dataclass(frozen=True)
 class RunningCharge:
-    """One running try of a run's charge, and its processes."""
+    """One running try of a run's charge (with --mapped, of one tenant's), and its processes."""
 
     run_id: str
     business_date: str
     task: int
     supervisor: int
     scheduler: str | None
+    item: str  # the checker's run it charges: its business date (with --mapped, its tenant's)
+    map_index: int = -1
 
 
 @dataclass(eq=False)
@@ -165,6 +169,8 @@ class AirflowCampaign:
     plain: bool
     airflow: AirflowHarness
     proxy: Proxy
+    mapped: bool = False  # runs of chaos_billing_mapped: the charge mapped over ``tenants``
+    tenants: tuple[str, ...] = TENANTS
     in_flight: int = 5
     customers: int = 20
     delay: float = 0.4
@@ -177,7 +183,8 @@ class AirflowCampaign:
     runs: list[Run] = field(default_factory=list)
     log: list[dict[str, Any]] = field(default_factory=list)
     stopped: dict[int, float] = field(default_factory=dict)  # pid -> when to resume it
-    clears: list[tuple[float, Run]] = field(default_factory=list)  # mark-failed, then clear
+    # mark-failed, then cleared: when, the run, the map index (None: unmapped)
+    clears: list[tuple[float, Run, int | None]] = field(default_factory=list)
     scheduler_down: dict[str, float] = field(default_factory=dict)  # name -> when back
     triggerer_back: float = 0.0  # when a killed triggerer is started again (0: it is up)
     worker_down: dict[str, float] = field(default_factory=dict)  # Celery worker -> when back
@@ -193,13 +200,15 @@ class AirflowCampaign:
         unknown = set(self.kinds) - set(known)
         if unknown or not self.kinds:
             raise ValueError(f"unknown fault kinds {sorted(unknown)} on this executor: {known}")
+        if self.plain and self.mapped:
+            raise ValueError("--mapped runs the plugin's mapped charge: not with --plain")
         self.rng = random.Random(self.seed)
-        self.dag_id = PLAIN_DAG_ID if self.plain else DAG_ID
+        self.dag_id = PLAIN_DAG_ID if self.plain else MAPPED_DAG_ID if self.mapped else DAG_ID
         self.api = self.airflow.client()
         self.meta = psycopg.connect(self.airflow.metadata_dsn, autocommit=True)
         self.store = psycopg.connect(self.airflow.lease_dsn, autocommit=True)
         self.sink = psycopg.connect(self.airflow.sink_dsn, autocommit=True)
-        self.keys: dict[str, str] = {}  # lease key -> business date
+        self.keys: dict[str, str] = {}  # lease key -> the checker's run (``run_keys``)
 
     def close(self) -> None:
         for conn in (self.meta, self.store, self.sink):
@@ -207,12 +216,21 @@ class AirflowCampaign:
 
     # -- runs ---------------------------------------------------------------------------------
 
+    def run_keys(self, business_date: str) -> list[str]:
+        """The checker's runs of a business date: the date, or with --mapped one per tenant
+        (``date/tenant``: each tenant's charge is a lease of its own, with its own tokens)."""
+        if not self.mapped:
+            return [business_date]
+        return [f"{business_date}/{tenant}" for tenant in self.tenants]
+
     def trigger(self, business_date: str, *, duplicate: bool = False) -> Run:
-        conf = {
+        conf: dict[str, Any] = {
             "business_date": business_date,
             "customers": self.customers,
             "charge_delay": self.delay,
         }
+        if self.mapped:
+            conf["tenants"] = list(self.tenants)
         run_id = f"chaos__{business_date}__{len(self.runs):04d}"
         try:
             _rest(self.api.trigger_dag_run, self.dag_id, conf, run_id=run_id)
@@ -221,7 +239,12 @@ class AirflowCampaign:
                 raise
         run = Run(run_id, business_date, duplicate)
         self.runs.append(run)
-        self.keys[str(lease_key(self.dag_id, TASK, business_date))] = business_date
+        if self.mapped:
+            for tenant, item in zip(self.tenants, self.run_keys(business_date), strict=True):
+                key = lease_key(self.dag_id, TASK, business_date, escape_map_key(tenant))
+                self.keys[str(key)] = item
+        else:
+            self.keys[str(lease_key(self.dag_id, TASK, business_date))] = business_date
         return run
 
     def refresh(self) -> None:
@@ -232,7 +255,7 @@ class AirflowCampaign:
 
     def feed(self) -> None:
         """Keeps ``in_flight`` business dates at work (their first runs)."""
-        pending = {run for _, run in self.clears}
+        pending = {run for _, run, _ in self.clears}
         working = [
             r for r in self.runs if not r.duplicate and (r.state not in TERMINAL or r in pending)
         ]
@@ -262,18 +285,18 @@ class AirflowCampaign:
         if self.agent is not None and self.agent_back and now >= self.agent_back:
             self.agent.back()
             self.agent_back = 0.0
-        for due, run in list(self.clears):
+        for due, run, map_index in list(self.clears):
             if now >= due:
-                self.clears.remove((due, run))
+                self.clears.remove((due, run, map_index))
                 try:
-                    _rest(self.api.clear_task, self.dag_id, run.run_id, TASK)
+                    _rest(self.api.clear_task, self.dag_id, run.run_id, TASK, map_index)
                 except AirflowApiError as exc:  # kept for whoever explains a run left failed
                     self.clear_errors.append(f"{run.run_id}: {str(exc)[:300]}")
 
     # -- targets ------------------------------------------------------------------------------
 
     def live_leases(self) -> dict[str, int]:
-        """Business date -> pid of its live lease's holder."""
+        """The checker's run (``run_keys``) -> pid of its live lease's holder."""
         if self.plain:
             return {}
         rows = self.store.execute(LIVE_LEASES).fetchall()
@@ -281,7 +304,8 @@ class AirflowCampaign:
 
     def running(self) -> list[RunningCharge]:
         """The charges running now, with their processes (not those stopped by a fault)."""
-        tries = {ti: run for run, ti, _ in self.meta.execute(RUNNING_TRIES, (self.dag_id, TASK))}
+        rows = self.meta.execute(RUNNING_TRIES, (self.dag_id, TASK)).fetchall()
+        tries = {ti: (run, int(index)) for run, ti, index in rows}
         if not tries:
             return []
         dates = {r.run_id: r.business_date for r in self.runs}
@@ -292,8 +316,8 @@ class AirflowCampaign:
             if "airflow worker -- " not in cmdline:
                 continue
             ti = cmdline.rsplit("airflow worker -- ", 1)[1].split()[0]
-            run_id = tries.get(ti)
-            if run_id is None or run_id not in dates or proc.info["pid"] in self.stopped:
+            run_id, map_index = tries.get(ti, ("", -1))
+            if run_id not in dates or proc.info["pid"] in self.stopped:
                 continue
             try:
                 owner = next(
@@ -301,9 +325,9 @@ class AirflowCampaign:
                 )
             except psutil.NoSuchProcess:
                 continue
-            found.append(
-                RunningCharge(run_id, dates[run_id], proc.info["pid"], proc.info["ppid"], owner)
-            )
+            item = self.run_keys(dates[run_id])[max(map_index, 0)]
+            pids = proc.info["pid"], proc.info["ppid"]
+            found.append(RunningCharge(run_id, dates[run_id], *pids, owner, item, map_index))
         return found
 
     def worker_back(self, name: str) -> None:
@@ -353,7 +377,8 @@ class AirflowCampaign:
         if not group:
             return False
         first = group[int(spread * len(group))]
-        entry.update(key=first.business_date, landed=first.business_date in leases)
+        items = self.run_keys(first.business_date)
+        entry.update(key=items[0], landed=any(item in leases for item in items))
         if self.plain:
             entry["landed"] = any(c.business_date == first.business_date for c in charges)
         entry["run"] = self.trigger(first.business_date, duplicate=True).run_id
@@ -366,7 +391,7 @@ class AirflowCampaign:
         waiting = [r for (r,) in self.meta.execute(DEFERRED_TRIES, (self.dag_id, TASK))]
         entry["landed"] = bool(waiting) and bool(leases)
         run = next((r for r in self.runs if r.run_id in waiting), self.runs[-1])
-        entry["key"] = run.business_date
+        entry["key"] = self.run_keys(run.business_date)[0]
         self.airflow.stack.signal("triggerer", signal.SIGKILL)
         self.triggerer_back = time.monotonic() + TRIGGERER_BACK
         self.log.append(entry)
@@ -381,7 +406,7 @@ class AirflowCampaign:
             return True
         leases = self.live_leases()
         charges = self.running()
-        held = [c for c in charges if leases.get(c.business_date) == c.task]
+        held = [c for c in charges if leases.get(c.item) == c.task]
         pool = held or charges
         entry: dict[str, Any] = {"kind": kind, "t": time.time()}
         if kind in ROUTE_KINDS:
@@ -399,7 +424,7 @@ class AirflowCampaign:
         if not pool:
             return False
         target = pool[int(pick * len(pool))]
-        entry.update(key=target.business_date, run=target.run_id)
+        entry.update(key=target.item, run=target.run_id)
         if kind in TASK_KINDS:
             self.task_fault(kind, target, entry, spread)
         elif kind in WORKER_KINDS:
@@ -420,7 +445,7 @@ class AirflowCampaign:
     ) -> None:
         """The scheduler running ``target`` SIGKILLed, or its task cleared or marked failed
         through the REST API; landed when ``target`` held its key's lease."""
-        entry["landed"] = self.plain or leases.get(target.business_date) == target.task
+        entry["landed"] = self.plain or leases.get(target.item) == target.task
         if kind == "scheduler_sigkill":
             assert target.scheduler is not None
             entry["scheduler"] = target.scheduler
@@ -428,14 +453,15 @@ class AirflowCampaign:
             self.scheduler_down[target.scheduler] = time.monotonic() + SCHEDULER_BACK
             self.last_scheduler_kill = len(self.log)
             return
+        index = target.map_index if target.map_index >= 0 else None  # that tenant's alone
         try:
             if kind == "clear":
-                _rest(self.api.clear_task, self.dag_id, target.run_id, TASK)
+                _rest(self.api.clear_task, self.dag_id, target.run_id, TASK, index)
             else:
-                _rest(self.api.set_task_state, self.dag_id, target.run_id, TASK, "failed")
+                _rest(self.api.set_task_state, self.dag_id, target.run_id, TASK, "failed", index)
                 # the operator re-runs it a few seconds later
                 later = time.monotonic() + 2 + 4 * spread
-                self.clears.append((later, self.run_of(target.run_id)))
+                self.clears.append((later, self.run_of(target.run_id), index))
         except AirflowApiError as exc:  # it ended meanwhile: the fault did not hit
             entry.update(landed=False, error=str(exc)[:200])
 
@@ -448,7 +474,7 @@ class AirflowCampaign:
         if self.plain:
             entry["landed"] = psutil.pid_exists(target.task)
         else:
-            entry["landed"] = self.live_leases().get(target.business_date) == target.task
+            entry["landed"] = self.live_leases().get(target.item) == target.task
         if kind == "task_sigkill":
             _signal(target.task, signal.SIGKILL)
             _signal(target.supervisor, signal.SIGCONT)  # it sees its task die: the try failed
@@ -477,7 +503,7 @@ class AirflowCampaign:
         if self.plain:
             entry["landed"] = psutil.pid_exists(target.task)
         else:
-            entry["landed"] = self.live_leases().get(target.business_date) == target.task
+            entry["landed"] = self.live_leases().get(target.item) == target.task
         if kind == "worker_sigkill":
             for pid in pids:
                 _signal(pid, signal.SIGKILL)
@@ -496,9 +522,9 @@ class AirflowCampaign:
         if leases:
             return next(iter(leases))
         if charges:
-            return charges[0].business_date
+            return charges[0].item
         active = [r.business_date for r in self.runs if r.state not in TERMINAL]
-        return active[0] if active else self.runs[-1].business_date
+        return self.run_keys(active[0] if active else self.runs[-1].business_date)[0]
 
     def agent_fault(
         self,
@@ -564,14 +590,14 @@ class AirflowCampaign:
         elif kind == "sink_reset":
             if not active:
                 return False
-            entry.update(key=next(iter(leases), active[0]), landed=in_tx)
+            entry.update(key=next(iter(leases), self.run_keys(active[0])[0]), landed=in_tx)
             entry["landed"] = self.proxy.reset("sink") > 0 and in_tx
         else:  # sink_cut: one billing session ended, one inside a transaction preferred
             if not sessions or not active:
                 return False
             candidates = [s for s in sessions if s[1]] or sessions
             pid, open_ = candidates[int(spread * len(candidates))]
-            entry.update(key=next(iter(leases), active[0]), landed=bool(open_))
+            entry.update(key=next(iter(leases), self.run_keys(active[0])[0]), landed=bool(open_))
             self.sink.execute(CUT, (pid,))
         self.log.append(entry)
         return True
@@ -803,6 +829,7 @@ def chaos_stack(
             lease_agent = LeaseAgent(psycopg.conninfo.make_conninfo(**parts), socket_path)
         airflow.wait_for_dag(DAG_ID)
         airflow.wait_for_dag(PLAIN_DAG_ID)
+        airflow.wait_for_dag(MAPPED_DAG_ID)
         running = ChaosStack(airflow, proxy, server, lease_agent)
         yield running
     finally:
@@ -859,13 +886,17 @@ def campaign(
         run.close()
     seconds = round(time.monotonic() - started, 1)
     customers = [f"cust-{n:04d}" for n in range(1, run.customers + 1)]
+    keys: dict[str, list[str]] = {}  # each checker run's customers (--mapped: a tenant's share)
+    for business_date in sorted({r.business_date for r in run.runs}):
+        items = run.run_keys(business_date)
+        keys.update({item: customers[i :: len(items)] for i, item in enumerate(items)})
     assert airflow.deployment.processor is not None
     log = {
         "mode": "plain" if plain else "fenced",
         "seed": seed,
         "dag_id": run.dag_id,
         "task_id": TASK,
-        "keys": dict.fromkeys(sorted({r.business_date for r in run.runs}), customers),
+        "keys": keys,
         "runs": [[r.run_id, r.business_date, r.duplicate] for r in run.runs],
         "faults": run.log,
         "probe": probe,
@@ -931,6 +962,11 @@ def main(argv: list[str]) -> int:
         "--agent", action="store_true", help="tasks reach the store through a lease agent"
     )
     parser.add_argument(
+        "--mapped",
+        action="store_true",
+        help=f"the charge mapped per tenant ({', '.join(TENANTS)}), each a lease of its own",
+    )
+    parser.add_argument(
         "--kinds",
         help=f"fault kinds, comma-separated (default: all the stack has; {KINDS + WORKER_KINDS})",
     )
@@ -953,6 +989,7 @@ def main(argv: list[str]) -> int:
             in_flight=args.in_flight,
             customers=args.customers,
             kinds=kinds,
+            mapped=args.mapped,
         )
     verdict.update(stack_start_s=up, total_s=round(time.monotonic() - started, 1))
     print(json.dumps(verdict))

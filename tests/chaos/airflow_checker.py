@@ -4,7 +4,8 @@ It reads what a user would look at: the billing database's ``billing.charges`` r
 business date the campaign ran (customer, the writer's token, in commit order per date), the
 payment processor's own record of the charges it made (``GET /_processor/charges``, each naming
 its business date and customer in its metadata), and, through Airflow's REST API as the admin
-user, each triggered DAG run's final state and its charge task's. It judges the rows and the
+user, each triggered DAG run's final state and its charge task's (each map index's, for a charge
+mapped per tenant, whose rows are judged per tenant: ``by_run``). It judges the rows and the
 charges with the lease-level checker's rules (``tests.chaos.checker.check``: duplicates, stale
 writes, missed customers, wedged keys, per fault kind, recovery times) and adds Airflow's side:
 every DAG run, first or duplicate, ended ``success``. It does not import the lease package or
@@ -65,14 +66,34 @@ def airflow_states(
             path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"
             run = client.get(path, headers=headers)
             task = client.get(f"{path}/taskInstances/{task_id}", headers=headers)
+            if task.status_code == 404:  # a mapped task: its instances, one per map index
+                task = client.get(f"{path}/taskInstances/{task_id}/listMapped", headers=headers)
+            answer = task.json() if task.is_success else {}
+            tis = answer.get("task_instances", [answer] if answer else [])
             states[run_id] = {
                 "run": run.json().get("state", "?")
                 if run.is_success
                 else f"http {run.status_code}",
-                "task": task.json().get("state", "?") if task.is_success else "?",
-                "tries": str(task.json().get("try_number", "?")) if task.is_success else "?",
+                "task": ",".join(sorted({str(ti.get("state")) for ti in tis})) or "?",
+                "tries": str(sum(int(ti.get("try_number", 0)) for ti in tis)) if tis else "?",
             }
     return states
+
+
+def by_run(
+    rows: list[tuple[Any, ...]], charges: list[dict[str, Any]], keys: dict[str, list[str]]
+) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+    """The rows and charges under the log's runs: a business date, or with a mapped charge
+    ``date/tenant``, the tenant whose share (``keys``) holds the customer. Each tenant's charge
+    has its own lease and tokens, so its writes are judged apart."""
+    run_of = {(key.split("/", 1)[0], item): key for key, items in keys.items() for item in items}
+    keyed = [(i, run_of.get((d, c), d), c, token, t) for i, d, c, token, t in rows]
+    moved = [
+        {**charge, "metadata": {"run": run_of.get((charge["metadata"]["run"], charge["customer"]),
+                                                  charge["metadata"]["run"])}}
+        for charge in charges
+    ]  # fmt: skip
+    return keyed, moved
 
 
 def judge(
@@ -81,8 +102,9 @@ def judge(
     charges: list[dict[str, Any]],
     states: dict[str, dict[str, str]],
 ) -> dict[str, Any]:
-    """The verdict: the rows and charges judged per date and fault kind, and Airflow's side."""
+    """The verdict: the rows and charges judged per run and fault kind, and Airflow's side."""
     log = {**log, "processor_keys": dict.fromkeys(log["keys"], PROCESSOR)}
+    rows, charges = by_run(rows, charges, log["keys"])
     report = check(rows, log, {PROCESSOR: charges})
     failed = sorted(r for r, s in states.items() if s["run"] != "success")
     runs = log["runs"]
@@ -129,7 +151,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with open(args.log) as f:
         log = json.load(f)
-    dates = list(log["keys"])
+    dates = sorted({key.split("/", 1)[0] for key in log["keys"]})  # a run: date[/tenant]
     with psycopg.connect(args.sink_dsn) as conn:
         rows = conn.execute(ROWS, (dates,)).fetchall()
     charges = processor_charges(log["processor_url"], set(dates))

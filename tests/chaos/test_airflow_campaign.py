@@ -6,7 +6,7 @@ With the plugin (task processes and supervisors SIGKILLed, stopped within and pa
 a scheduler SIGKILLed with the other standing by, the charge cleared, marked failed and
 re-run, its business date triggered twice, the routes to the lease store and the billing
 database reset and black-holed, billing sessions ended, the store's own Postgres restarted or
-crashed once), the independent checker finds every
+crashed once), and again with the charge mapped per tenant, the independent checker finds every
 customer charged once in the billing table and at the processor, none missed, no stale write,
 no wedged key, every DAG run ended ``success``; with the plugin disabled (the same charge
 without lease, fence and idempotency key) the same checker finds customers charged twice, so
@@ -42,6 +42,22 @@ def test_fenced_billing_runs_under_faults_charge_every_customer_once(
     verdict: dict[str, Any] = campaign(stack, SEED, FAULTS, plain=False, server_faults=1)
     assert verdict["faults_injected"] == FAULTS
     assert verdict["faults_landed"] > 0
+    assert_billed_once(verdict)
+
+
+@pytest.mark.timeout(300)
+def test_a_charge_mapped_per_tenant_charges_every_customer_once_under_faults(
+    stack: ChaosStack,
+) -> None:
+    """``chaos_billing_mapped``: the charge mapped over four tenants, each a lease of its own
+    (keyed by tenant), a tenant's try cleared, marked failed, killed or stopped alone."""
+    kinds = ("task_sigkill", "sigstop_past_lease", "mark_failed", "clear", "duplicate_trigger")
+    verdict: dict[str, Any] = campaign(
+        stack, SEED, 8, plain=False, mapped=True, kinds=kinds, customers=12
+    )
+    assert verdict["faults_injected"] == 8
+    assert verdict["faults_landed"] > 0
+    assert verdict["runs"] % 4 == 0  # a run per tenant and business date
     assert_billed_once(verdict)
 
 

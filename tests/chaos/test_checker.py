@@ -102,3 +102,35 @@ def test_the_bridge_checker_reports_a_leaked_shadow_write_and_a_shadow_not_compl
     assert bad(verdict) >= 2
     clean = judge([(*r[:5], "primary:11") for r in rows], 3, log, temporal)
     assert clean["shadow_rows_leaked"] == 0
+
+
+def test_a_mapped_charge_is_judged_per_tenant_with_its_own_tokens() -> None:
+    """Each tenant's charge of a business date holds a lease of its own: its tokens interleave
+    with the other tenant's. Judged per date, the first mapped campaign's clean rows read as
+    stale writes; judged per tenant (``by_run``), a tenant's own duplicate still shows."""
+    from tests.chaos.airflow_checker import judge
+
+    day = "2026-11-23"
+    keys = {f"{day}/north": ["cust-0001", "cust-0003"], f"{day}/south": ["cust-0002"]}
+    log = {
+        "mode": "fenced",
+        "seed": 0,
+        "keys": keys,
+        "runs": [["chaos__1", day, False]],
+        "faults": [{"kind": "clear", "key": f"{day}/south", "t": 10.0, "landed": True}],
+        "probe": dict.fromkeys(keys, "granted"),
+    }
+    rows = [
+        (1, day, "cust-0002", 9, 9.0),  # south, token 9
+        (2, day, "cust-0001", 4, 9.5),  # north's own token 4: not stale
+        (3, day, "cust-0003", 4, 11.0),
+    ]
+    charges = [{"metadata": {"run": day}, "customer": c} for c in ("cust-0001", "cust-0002")]
+    states = {"chaos__1": {"run": "success", "task": "success", "tries": "3"}}
+    verdict = judge(rows, log, charges, states)
+    assert verdict["stale_writes_accepted"] == verdict["duplicate_effects"] == 0
+    assert verdict["items_missed"] == 0
+    assert verdict["processor_items_missed"] == 1  # cust-0003 has no charge at the processor
+    again = judge([*rows, (4, day, "cust-0002", 9, 12.0)], log, charges, states)
+    assert again["duplicate_effects"] == 1
+    assert again["by_fault"]["clear"]["duplicate_effects"] == 1

@@ -9,6 +9,11 @@ enough quick retries that a run hit by several faults still finishes.
 ``chaos_billing_plain`` (the campaign's ``--plain``) is its twin with the plugin disabled: the
 same body as the operator runs it with ``[exactly_once] enabled = False`` (``Fence.unprotected``,
 as ``tests/e2e/dags/billing_twins.py`` does), so both modes share one stack.
+
+``chaos_billing_mapped`` (the campaign's ``--mapped``) charges the same customers per tenant: a
+``tenants`` task returns the run's ``params.tenants`` and the protected charge is mapped over it,
+keyed by tenant (``map_index_template``), each tenant charging every n-th customer, as
+``tenant_webhooks`` maps its deliveries.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from billing_charges import SINK_CONN_ID, charge_at_processor, customers
 
 from airflow_plugins.lease.fence import Fence
 from airflow_plugins.protection.config import sink_dsn
+from airflow_plugins.protection.decorators import exactly_once_task
 from airflow_plugins.protection.operators import ExactlyOnceOperator
 
 # many short runs at once, each of a few customers, only the campaign's (no schedule)
@@ -92,3 +98,37 @@ with DAG(
             fence.close()
 
     charge_plain()
+
+
+with DAG(
+    dag_id="chaos_billing_mapped",
+    **{**SHAPE, "params": {**SHAPE["params"], "tenants": Param(["north", "south"], type="array")}},
+):
+
+    @task
+    def tenants() -> list[str]:
+        """The run's tenants, in the order their charges are mapped (map index = position)."""
+        return [str(t) for t in get_current_context()["params"]["tenants"]]
+
+    @exactly_once_task(
+        sink_conn_id=SINK_CONN_ID,
+        period="day",
+        map_index_template="{{ task.op_kwargs['tenant'] }}",
+        retries=12,
+        retry_delay=pendulum.duration(seconds=2),
+        retry_exponential_backoff=False,
+    )
+    def charge_tenant(
+        fence: Fence, tenant: str, tenants: list[str], count: str, delay: str, writer: str
+    ) -> dict[str, Any]:
+        """Charges ``tenant``'s customers: every ``len(tenants)``-th of the first ``count``."""
+        mine = customers(int(count))[tenants.index(tenant) :: len(tenants)]
+        return charge_at_processor(fence, mine, delay=float(delay), writer=writer)
+
+    names = tenants()
+    charge_tenant.override(task_id="charge").partial(
+        tenants=names,
+        count="{{ params.customers }}",
+        delay="{{ params.charge_delay }}",
+        writer="{{ run_id }}/{{ ti.map_index }}/try{{ ti.try_number }}",
+    ).expand(tenant=names)
