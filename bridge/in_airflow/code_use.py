@@ -53,6 +53,10 @@ CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"} | _STATE
 MAPPED_CONTEXT = CARRIED_CONTEXT - {"templates_dict"}
 #: The construct of a context argument a callable takes.
 CONTEXT_ARGUMENT = "context argument"
+#: A template reading the run's conf: carried from the Airflow run handed over.
+DAG_RUN_CONF = "dag_run.conf"
+#: What a task reads of the Airflow run handed over (``TaskSpec.reads_airflow_run``).
+AIRFLOW_RUN_READS = frozenset({DAG_RUN_CONF})
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
 _SKIPS = {
     "AirflowSkipException": "skips itself: the workflow marks it skipped",
@@ -287,9 +291,10 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
                     if got.node.name == "dag_run":
                         uses.append(
                             Use(
-                                "dag_run.conf",
-                                f"its {field} reads dag_run.conf: Airflow gives the run's conf, "
-                                "the worker {'business_date': ...}; use params",
+                                DAG_RUN_CONF,
+                                f"its {field} reads dag_run.conf: the worker gives the conf of "
+                                "the Airflow run handed over (AirflowRun)",
+                                carried=True,
                             )
                         )
     return _unique(uses)
