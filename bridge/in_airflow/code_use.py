@@ -25,6 +25,8 @@ from airflow.sdk.definitions.context import Context
 RETURN_KEY = "return_value"
 #: The construct of an ``async def`` callable.
 ASYNC = "async def"
+#: A generator callable: drained by its operator's execute (an unmapped, unfenced one).
+GENERATOR = "generator"
 #: What the task SDK injects into a callable by parameter name (the context's keys).
 INJECTED = frozenset(Context.__annotations__) | {"templates_dict"}
 #: The names the worker's template context holds (``template_context``'s keys).
@@ -109,9 +111,11 @@ def callable_uses(
     if inspect.isgeneratorfunction(fn):
         uses.append(
             Use(
-                "generator",
-                "a generator callable (yield): Airflow drains it (asset metadata events), the "
-                "worker would return the unstarted generator; return the value",
+                GENERATOR,
+                "a generator callable (yield): its operator's execute drains it as Airflow's "
+                "does (create_executable_runner: Metadata into the outlet events, the return "
+                "value its XCom)",
+                carried=True,
             )
         )
     for param in inspect.signature(fn).parameters.values():

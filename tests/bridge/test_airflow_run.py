@@ -4,8 +4,9 @@ manual run and the latest interval run downstream, an old interval skips its dir
 tasks, the trigger rules after it decide the rest), ``dag_run.conf`` and the params it
 overrides are Airflow's; a DAG that reads the Airflow run is refused, before anything runs, in
 a run that has none. Pre/post-execute hooks (``run_if``, ``skip_if``, ``pre_execute=``,
-``post_execute=``) run around the operator's execute. On the real Temporal dev server with the
-semantics DAGs (``semantics_dags/latest_only_cases.py``, ``run_conf.py``, ``execute_hooks.py``)
+``post_execute=``) run around the operator's execute, and generator callables are drained by
+it. On the real Temporal dev server with the semantics DAGs (``semantics_dags/``:
+``latest_only_cases.py``, ``run_conf.py``, ``execute_hooks.py``, ``generator_tasks.py``)
 rebuilt from their folder; ``test_corpus_truth`` compares the same runs with Airflow's.
 """
 
@@ -187,3 +188,20 @@ def test_execute_hooks_run_around_the_operators_execute(
         "post_fails": ("failed", None),
     }
     assert "the post-execute hook rejects 'other'" in str(result.tasks["post_fails"].error)
+
+
+def test_generator_callables_are_drained_by_their_operator(
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+    semantics: tuple[dict[str, Any], TaskCatalog],
+) -> None:
+    bag, catalog = semantics
+    (result,) = _runs(config, lease_store, catalog, bag["generator_tasks"], [None])
+    assert isinstance(result, DagRunResult), result
+    assert {t: (o.status, o.result) for t, o in result.tasks.items()} == {
+        "with_metadata": ("succeeded", "wrote 3 rows"),  # the generator's return value
+        "after": ("succeeded", "WROTE 3 ROWS"),
+        "yields_only": ("succeeded", None),
+        "fails_part_way": ("failed", None),
+    }
+    assert "the generator fails on purpose" in str(result.tasks["fails_part_way"].error)

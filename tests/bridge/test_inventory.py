@@ -396,6 +396,40 @@ def test_an_external_python_task_runs_in_its_interpreter_with_the_workers_contex
     assert run_operator(op, context) == f"20240102|2024-01-02|None|{sys.executable}"
 
 
+def test_a_generator_runs_through_execute_a_mapped_or_fenced_one_is_refused() -> None:
+    """Its operator's execute drains it as Airflow's does (semantics_dags/generator_tasks.py in
+    the corpus comparison); a mapped or fenced one would be called, never drained."""
+    with _dag("generators") as dag:
+
+        @task
+        def drained() -> Any:
+            yield 1
+            return 2
+
+        @task
+        def each(n: int) -> Any:
+            yield n
+
+        def charge(fence: Any) -> Any:
+            yield 1
+
+        drained()
+        each.expand(n=[1, 2])
+        PythonOperator(task_id="charge", python_callable=charge)
+    translation = translate(dag)
+    assert {u.task_id for u in translation.untranslatable} == {"each", "charge"}
+    refused(translation, "each", "generator", "fenced or mapped callable")
+    refused(translation, "charge", "generator", "fenced or mapped callable")
+    with _dag("generator_alone") as alone:
+
+        @task
+        def only() -> Any:
+            yield 1
+
+        only()
+    _runs_through_execute(translate(alone), "only")
+
+
 def test_raising_airflow_skip_exception_translates() -> None:
     with _dag("skip_exc") as dag:
 
@@ -972,7 +1006,8 @@ STILL_REFUSED = {
     "read_asset_event_from_classic": "context variable",  # triggering_asset_events
     "example_branch_dop_operator_v3": "depends_on_past",  # the previous run's task
     "example_retry_policy": "retry policy",  # decided per exception
-    "asset_with_extra_by_yield": "generator",  # Airflow drains it for asset events
+    # its generator is carried; its asset is declared under another name elsewhere
+    "asset_with_extra_by_yield": "asset conflict",
     # its post_execute hook is carried; its asset is declared under another name elsewhere
     "asset_with_extra_from_classic_operator": "asset conflict",
 }
