@@ -411,12 +411,13 @@ EXAMPLES = """examples:
 def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
     """Reads a handover request (JSON, with its resolved settings) on stdin, answers one JSON
     line on stdout. Never reads Airflow's configuration: see ``bridge.in_airflow.handoff``."""
-    from bridge.spec import DagSpec, RunMode
+    from bridge.spec import AirflowRun, DagSpec, RunMode
     from bridge.temporal.handover import Handover
 
     request = json.loads(sys.stdin.read())
     config = value_to_type(BridgeConfig, request["config"])
     spec = value_to_type(DagSpec, request["spec"])
+    handed = request.get("airflow_run")
 
     async def run() -> dict[str, Any]:
         client = await connect(config)
@@ -436,6 +437,7 @@ def cmd_handover(args: argparse.Namespace, config: BridgeConfig | None) -> int:
                 compare_poll_s=config.compare_poll_s,
                 partition_key=request.get("partition_key"),
                 partition_date=request.get("partition_date"),
+                airflow_run=value_to_type(AirflowRun, handed) if handed else None,
             )
         return {"ok": True, **got.__dict__}
 

@@ -111,6 +111,9 @@ class TaskSpec:
         on_failure_fail_dagrun: a teardown whose failure fails the run as any task's does.
         setups: its relevant setups that are not direct upstreams (Airflow's
             ``get_upstreams_only_setups``): one failed upstream-fails it, one skipped skips it.
+        reads_airflow_run: what of the Airflow run it was handed over from the task decides
+            from (``LatestOnlyOperator``: its run type and data interval; ``dag_run.conf``),
+            which only a run handed over from Airflow carries (``AirflowRun``); empty: nothing.
     """
 
     task_id: str
@@ -140,6 +143,7 @@ class TaskSpec:
     is_teardown: bool = False
     on_failure_fail_dagrun: bool = False
     setups: tuple[str, ...] = ()
+    reads_airflow_run: str = ""
 
     @property
     def mapped(self) -> bool:
@@ -189,6 +193,30 @@ class DagSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AirflowRun:
+    """The Airflow DAG run a business run was handed over from, as its tasks see it there.
+
+    Attributes:
+        run_type: Airflow's run type (``manual``, ``scheduled``, ``backfill``, ...).
+        conf: the run's conf.
+        data_interval_start: its data interval's start (ISO text; None: it has none).
+        data_interval_end: its data interval's end (ISO text; None: it has none).
+        logical_date: its logical date (ISO text; None: it has none).
+    """
+
+    run_type: str
+    conf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data_interval_start: str | None = None
+    data_interval_end: str | None = None
+    logical_date: str | None = None
+
+
+def needs_airflow_run(spec: DagSpec) -> list[str]:
+    """The tasks of ``spec`` that decide from the Airflow run handed over (``task: what``)."""
+    return [f"{t.task_id}: {t.reads_airflow_run}" for t in spec.tasks if t.reads_airflow_run]
+
+
+@dataclasses.dataclass(frozen=True)
 class DagRunInput:
     """The DAG-run workflow's input: one business run of a DAG.
 
@@ -206,6 +234,10 @@ class DagRunInput:
         partition_key: the Airflow run's asset partition key (None: not partitioned); part of
             the run's workflow id, lease keys and comparison row (``bridge.partition``).
         partition_date: its date as Airflow resolves it (ISO text; None for a key with none).
+        airflow_run: the Airflow run it was handed over from (its type, conf and data
+            interval: ``dag_run`` in its tasks' context); None: a run not handed over from one
+            (``temporal-scheduled``, the CLI), which a DAG with ``reads_airflow_run`` tasks
+            refuses before anything runs.
     """
 
     spec: DagSpec
@@ -219,6 +251,7 @@ class DagRunInput:
     chunk_size: int = 500
     partition_key: str | None = None
     partition_date: str | None = None
+    airflow_run: AirflowRun | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +272,8 @@ class TaskInput:
     partition_date: str | None = None
     #: a mapped item's position in its task's list (Airflow's ``map_index``); -1 unmapped
     map_index: int = -1
+    #: the Airflow run it was handed over from (``DagRunInput``'s)
+    airflow_run: AirflowRun | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,8 @@ from airflow.sdk.definitions.context import Context
 RETURN_KEY = "return_value"
 #: The construct of an ``async def`` callable.
 ASYNC = "async def"
+#: A generator callable: drained by its operator's execute (an unmapped, unfenced one).
+GENERATOR = "generator"
 #: What the task SDK injects into a callable by parameter name (the context's keys).
 INJECTED = frozenset(Context.__annotations__) | {"templates_dict"}
 #: The names the worker's template context holds (``template_context``'s keys).
@@ -53,6 +55,10 @@ CARRIED_CONTEXT = (WORKER_CONTEXT - _NOT_CARRIED) | {"templates_dict"} | _STATE
 MAPPED_CONTEXT = CARRIED_CONTEXT - {"templates_dict"}
 #: The construct of a context argument a callable takes.
 CONTEXT_ARGUMENT = "context argument"
+#: A template reading the run's conf: carried from the Airflow run handed over.
+DAG_RUN_CONF = "dag_run.conf"
+#: What a task reads of the Airflow run handed over (``TaskSpec.reads_airflow_run``).
+AIRFLOW_RUN_READS = frozenset({DAG_RUN_CONF})
 #: Exceptions whose Airflow meaning (skip, reschedule, defer) the worker turns into a failure.
 _SKIPS = {
     "AirflowSkipException": "skips itself: the workflow marks it skipped",
@@ -105,9 +111,11 @@ def callable_uses(
     if inspect.isgeneratorfunction(fn):
         uses.append(
             Use(
-                "generator",
-                "a generator callable (yield): Airflow drains it (asset metadata events), the "
-                "worker would return the unstarted generator; return the value",
+                GENERATOR,
+                "a generator callable (yield): its operator's execute drains it as Airflow's "
+                "does (create_executable_runner: Metadata into the outlet events, the return "
+                "value its XCom)",
+                carried=True,
             )
         )
     for param in inspect.signature(fn).parameters.values():
@@ -287,9 +295,10 @@ def template_uses(task: Any, *, wired: Collection[str]) -> list[Use]:
                     if got.node.name == "dag_run":
                         uses.append(
                             Use(
-                                "dag_run.conf",
-                                f"its {field} reads dag_run.conf: Airflow gives the run's conf, "
-                                "the worker {'business_date': ...}; use params",
+                                DAG_RUN_CONF,
+                                f"its {field} reads dag_run.conf: the worker gives the conf of "
+                                "the Airflow run handed over (AirflowRun)",
+                                carried=True,
                             )
                         )
     return _unique(uses)

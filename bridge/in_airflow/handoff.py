@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_plugins.lease import InvalidLeaseInput
 from bridge.config import BridgeConfig, TemporalUnavailable
-from bridge.spec import DagSpec, Handoff, RunMode
+from bridge.spec import AirflowRun, DagSpec, Handoff, RunMode
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,14 @@ def request(
     source: str = "",
     wait: bool = True,
     partition: tuple[str, str | None] | None = None,
+    run: AirflowRun | None = None,
 ) -> Handoff | None:
     """Hands a run over through the child process.
 
     Args:
         wait: False for a shadow start that must not delay Airflow: fire and forget.
         partition: the Airflow run's partition key and date (ISO), from ``run_partition``.
+        run: the Airflow run handed over (``airflow_run``): its tasks' ``dag_run`` in Temporal.
 
     Raises:
         TemporalUnavailable: Temporal did not answer; nothing was started.
@@ -84,6 +86,7 @@ def request(
             "source": source,
             "partition_key": partition[0] if partition else None,
             "partition_date": partition[1] if partition else None,
+            "airflow_run": dataclasses.asdict(run) if run else None,
         }
     )
     command = [sys.executable, "-m", "bridge.cli", "handover"]
@@ -124,6 +127,27 @@ def request(
     ):
         raise InvalidLeaseInput(message)
     raise HandoverFailed(f"{kind}: {message}")
+
+
+def airflow_run(context: Mapping[str, Any]) -> AirflowRun | None:
+    """The Airflow run in ``context`` as the handover carries it (its type, conf and data
+    interval: what ``LatestOnlyOperator`` and ``dag_run.conf`` read); None without a run."""
+    dag_run = context.get("dag_run")
+    if dag_run is None:
+        return None
+
+    def iso(name: str) -> str | None:
+        value = getattr(dag_run, name, None)
+        return value.isoformat() if value is not None else None
+
+    run_type = getattr(dag_run, "run_type", None)
+    return AirflowRun(
+        run_type=str(getattr(run_type, "value", run_type)),
+        conf=dict(getattr(dag_run, "conf", None) or {}),
+        data_interval_start=iso("data_interval_start"),
+        data_interval_end=iso("data_interval_end"),
+        logical_date=iso("logical_date"),
+    )
 
 
 def run_partition(context: Mapping[str, Any]) -> tuple[str, str | None] | None:

@@ -144,6 +144,7 @@ class BridgeOperator(BaseOperator):
                 part=part,
                 source=f"airflow:{context['run_id']}",
                 partition=partition,
+                run=handoff.airflow_run(context),
             )
         except TemporalUnavailable as exc:
             raise AirflowException(f"bridge: {exc}; nothing was started") from exc
@@ -177,6 +178,7 @@ class BridgeOperator(BaseOperator):
                 source=f"airflow:{context['run_id']}",
                 wait=False,
                 partition=partition,
+                run=handoff.airflow_run(context),
             )
         except Exception as exc:  # the shadow must never disturb the primary
             log.warning("bridge: no shadow for %s %s: %s", spec.dag_id, business_date, exc)

@@ -1,8 +1,9 @@
 """What Airflow does around a task, or how it runs it, that the bridge worker does not do.
 
 The kinds of task the worker cannot run the same (sensors without a poke, deferrables,
-LatestOnly, cross-DAG operators, mapped setups/teardowns, trigger rules it does not decide),
-what Airflow runs around a task's code (pre/post-execute hooks, callbacks, depends_on_past) and
+cross-DAG operators, mapped setups/teardowns, trigger rules it does not decide),
+what Airflow runs around a task's code (a mapped task's pre/post-execute hooks, callbacks,
+depends_on_past) and
 callables Airflow runs somewhere other than in-process (a mapped ``@task.bash`` or
 ``@task.virtualenv``, ``@task.docker``, ...). ``translate`` refuses them by name; ``code_use``
 reads what the code itself uses.
@@ -22,8 +23,12 @@ from bridge.trigger_rules import RULES
 _CROSS_DAG = {"TriggerDagRunOperator", "ExternalTaskMarker", "ExternalTaskSensor"}
 #: Operators that skip downstream tasks: run through their execute, the workflow skips them.
 SKIPPING = {"BaseBranchOperator", "BranchMixIn", "ShortCircuitOperator", "SkipMixin"}
-#: What decides from Airflow's run type and timetable, which a bridge run does not have.
-_AIRFLOW_RUN_STATE = {"LatestOnlyOperator"}
+#: What decides from the Airflow run's type and data interval and the DAG's timetable: its
+#: own ``choose_branch`` runs in the worker with the Airflow run handed over (``AirflowRun``).
+AIRFLOW_RUN_STATE = {"LatestOnlyOperator"}
+LATEST_ONLY = "latest only"
+#: A pre/post-execute hook: run around the operator's execute in the worker, as Airflow does.
+HOOKS = "run_if/skip_if/pre_execute"
 IN_PROCESS = {"PythonOperator", "ExactlyOnceOperator"}  # what the worker runs by calling it
 #: Operators whose execute runs the callable in a virtualenv it builds or another interpreter
 #: (``@task.virtualenv``, ``@task.external_python`` and their branch variants): the worker runs
@@ -71,12 +76,6 @@ def refuse_kinds(task: Any, partial: Mapping[str, Any]) -> None:
     elif getattr(task, "deferrable", False) or getattr(task, "start_from_trigger", False):
         raise NotTranslatable(
             "deferrable: it waits on an Airflow trigger, which Temporal lacks", "deferrable"
-        )
-    if names & _AIRFLOW_RUN_STATE:
-        raise NotTranslatable(
-            "LatestOnlyOperator decides from Airflow's run type and the timetable's latest "
-            "interval, which a bridge run does not have",
-            "latest only",
         )
     if (getattr(task, "is_setup", False) or getattr(task, "is_teardown", False)) and is_mapped(
         task
@@ -129,11 +128,15 @@ def _refuse_semantics(task: Any, partial: Mapping[str, Any]) -> None:
         value = getattr(task, name, None)
         return partial.get(name) if value is None else value
 
-    if attr("_pre_execute_hook") or attr("_post_execute_hook"):
+    # a mapped task's hooks sit in its partial kwargs under their argument names
+    hooked = attr("_pre_execute_hook") or attr("_post_execute_hook")
+    hooked = hooked or partial.get("pre_execute") or partial.get("post_execute")
+    if is_mapped(task) and hooked:
         raise NotTranslatable(
-            "a pre/post-execute hook (@task.run_if, @task.skip_if, pre_execute=): Airflow runs "
-            "it around the task, the worker does not; decide inside the callable",
-            "run_if/skip_if/pre_execute",
+            "a mapped task's pre/post-execute hook (@task.run_if, @task.skip_if, pre_execute=): "
+            "the worker calls a mapped callable with its arguments only, not through its "
+            "operator's execute with the hooks around it; decide inside the callable",
+            HOOKS,
         )
     hooked = next((c for c in _CALLBACKS if attr(c)), None)
     if hooked is not None:

@@ -88,6 +88,7 @@ class TemporalHandover:
                 map_key=run.key.map_key,
                 source=f"airflow:{run.run_id}:try{run.try_number}",
                 partition=handoff.run_partition(context),
+                run=handoff.airflow_run(context),
             )
         except TemporalUnavailable as exc:
             raise _retry(f"bridge: {exc}; nothing was started, the next try hands over") from exc
@@ -173,6 +174,7 @@ class ShadowHandover:
             source=f"airflow:{run.run_id}",
             wait=False,
             partition=handoff.run_partition(context),
+            run=handoff.airflow_run(context),
         )
 
     def resume(

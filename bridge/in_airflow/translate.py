@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_plugins.protection.task_identity import dag_period, dag_timezone
 from bridge.in_airflow.code_use import (
+    AIRFLOW_RUN_READS,
     ASYNC,
     CONTEXT_ARGUMENT,
     MAPPED_CONTEXT,
@@ -30,7 +31,10 @@ from bridge.in_airflow.code_use import (
     template_uses,
 )
 from bridge.in_airflow.refusals import (
+    AIRFLOW_RUN_STATE,
+    HOOKS,
     IN_PROCESS,
+    LATEST_ONLY,
     OWN_ENVIRONMENT,
     SKIPPING,
     NotTranslatable,
@@ -140,7 +144,17 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
             bad += [Untranslatable(task.task_id, operator, u.reason, u.construct) for u in exc.uses]
         except Exception as exc:  # the report must never crash on a DAG
             bad.append(uninspectable(task.task_id, operator, exc))
-    bad += _required_params(dag)
+    missing = _required_params(dag)
+    if missing:
+        # each task validates the params with the run's conf, as Airflow's task runner does:
+        # the conf of the Airflow run handed over (AirflowRun) gives them
+        need = f"params {', '.join(missing)} without a default"
+        specs = [
+            dataclasses.replace(
+                s, reads_airflow_run=", ".join(filter(None, (s.reads_airflow_run, need)))
+            )
+            for s in specs
+        ]
     emitting = sorted(t.task_id for t in dag.tasks if getattr(t, "outlets", None))
     if emitting:
         notes.append(
@@ -167,25 +181,13 @@ def translate(dag: Any, *, render: Callable[[Any, Any], Any] | None = None) -> T
     return Translation(dag.dag_id, None if bad else spec, tuple(bad), tuple(notes))
 
 
-def _required_params(dag: Any) -> list[Untranslatable]:
-    """DAG params without a default: Airflow's trigger must give them, a bridge run gives none
-    (its conf holds the business date only), so its tasks fail validation."""
+def _required_params(dag: Any) -> list[str]:
+    """DAG params without a default: Airflow's trigger must give them in the run's conf."""
     params: Any = getattr(dag, "params", None) or {}
     try:
-        missing = [k for k in params if not params.get_param(k).has_value]
+        return sorted(k for k in params if not params.get_param(k).has_value)
     except Exception:  # a plain dict of params: every one has its value
-        missing = []
-    if not missing:
         return []
-    return [
-        Untranslatable(
-            "(dag)",
-            "DAG",
-            f"params {', '.join(sorted(missing))} have no default: Airflow's trigger must "
-            "give them, a bridge run's conf holds only the business date",
-            "required params",
-        )
-    ]
 
 
 def uninspectable(task_id: str, operator: str, exc: Exception) -> Untranslatable:
@@ -218,11 +220,16 @@ def task_spec(
     unmap (serialized, branching), mapped setups/teardowns, trigger rules the workflow does not
     decide, cross-DAG operators, and Python-callable arguments holding Jinja templates (only
     Airflow renders them); and what Airflow does around the code that the worker does not
-    (callbacks, run_if/skip_if, depends_on_past, asset outlets, callables run elsewhere: a
+    (callbacks, a mapped or protected task's run_if/skip_if, depends_on_past, asset outlets,
+    callables run elsewhere: a
     mapped ``@task.bash`` or ``@task.virtualenv``, ``@task.docker``, ...) or what the code uses
     that the worker does not give it (``bridge.in_airflow.code_use``: context arguments, XCom
     keys, a fenced ``async def``, template context the worker lacks, a virtualenv callable
-    importing Airflow). MIGRATION.md lists every refusal.
+    importing Airflow). What decides from the Airflow run handed over (``LatestOnlyOperator``,
+    a template's ``dag_run.conf``, params without a default) translates, its reason in
+    ``reads_airflow_run``: a run without one is refused before anything runs. An unmapped
+    task's pre/post-execute hooks run around its operator's execute. MIGRATION.md lists every
+    refusal.
 
     Raises:
         NotTranslatable: with the reason.
@@ -244,8 +251,9 @@ def task_spec(
         # (or takes the interpreter) and runs the callable there; both as Airflow's worker does
         refuse_own_environment(task, fn, names)
         return _operator_spec(task, names, mapped, side_effect_free, common)
-    if fn is None or (names & SKIPPING and not mapped):
-        # a branch / short-circuit operator runs through its execute: it names the tasks to skip
+    if fn is None or (names & SKIPPING and not mapped) or (_hooked(task, fn) and not mapped):
+        # a branch / short-circuit operator runs through its execute: it names the tasks to
+        # skip; a task with a pre/post-execute hook: the worker runs it around the execute
         return _operator_spec(task, names, mapped, side_effect_free, common)
     if not names & IN_PROCESS or names & OWN_ENVIRONMENT:
         cls = getattr(getattr(task, "operator_class", None), "__name__", type(task).__name__)
@@ -310,6 +318,24 @@ def task_spec(
         context_args=context_args,
         **common,
     )
+
+
+def _hooked(task: Any, fn: Callable[..., Any] | None) -> bool:
+    """Whether the task has a pre/post-execute hook (``@task.run_if``, ``skip_if``,
+    ``pre_execute=``), which the worker runs around its operator's execute as Airflow does.
+
+    Raises:
+        NotTranslatable: a protected callable's (it is called with its fence, no hooks).
+    """
+    hooked = getattr(task, "_pre_execute_hook", None) or getattr(task, "_post_execute_hook", None)
+    if fn is not None and hooked and "fence" in inspect.signature(fn).parameters:
+        raise NotTranslatable(
+            "a protected callable with a pre/post-execute hook (@task.run_if, @task.skip_if): "
+            "it is called with its fence and arguments, not through its operator's execute with "
+            "the hooks around it; decide inside the callable",
+            HOOKS,
+        )
+    return bool(hooked)
 
 
 def _uncarried(use: Use) -> Use:
@@ -387,8 +413,8 @@ def _operator_spec(
             "a serialized task: translate from the DAG file, not the DB", "serialized"
         )
     for cls in cls_of.__mro__:
-        if cls.__module__.startswith(_NOT_SCANNED):
-            continue
+        if cls.__module__.startswith(_NOT_SCANNED) or cls.__name__ in AIRFLOW_RUN_STATE:
+            continue  # LatestOnlyOperator imports airflow.models for its type hints only
         try:
             source = inspect.getsource(cls)
         except (OSError, TypeError):
@@ -416,8 +442,9 @@ def _operator_spec(
     ancestors = tuple(sorted(task.get_flat_relative_ids(upstream=True)))
     fields = _MappedFields(task, expand, expand_kwargs) if mapped else task
     uses = template_uses(fields, wired=ancestors)
-    if uses:
-        raise NotTranslatable(uses[0].reason, uses=uses)
+    refused = [u for u in uses if not u.carried]
+    if refused:
+        raise NotTranslatable(refused[0].reason, uses=refused)
     xcom = {u: {UPSTREAM_MARKER: u} for u in ancestors}
     return TaskSpec(
         task.task_id,
@@ -427,8 +454,17 @@ def _operator_spec(
         expand_kwargs=expand_kwargs,
         side_effect_free=side_effect_free,
         multiple_outputs=bool(getattr(task, "multiple_outputs", False)),
+        reads_airflow_run=_run_reads(names, uses),
         **{**common, "upstream": ancestors, "direct": common["upstream"]},
     )
+
+
+def _run_reads(names: set[str], uses: list[Use]) -> str:
+    """What an operator decides from the Airflow run handed over (``TaskSpec.reads_airflow_run``):
+    a ``LatestOnlyOperator`` its type and data interval, a template its ``dag_run.conf``."""
+    reads = [LATEST_ONLY] if names & AIRFLOW_RUN_STATE else []
+    reads += [u.construct for u in uses if u.construct in AIRFLOW_RUN_READS]
+    return ", ".join(dict.fromkeys(reads))
 
 
 class _MappedFields:

@@ -92,6 +92,7 @@ def _start(ti: Any) -> bool:
         source=f"{SOURCE_PREFIX}{context['run_id']}",
         wait=False,
         partition=handoff.run_partition(context),
+        run=handoff.airflow_run(context),
     )
     log.info("bridge: whole-DAG shadow of %s %s started", dag.dag_id, business_date)
     return True

@@ -24,7 +24,7 @@ from bridge.config import TemporalUnavailable
 from bridge.graph import graph_problems, shadow_refusals
 from bridge.identity import run_key, workflow_id
 from bridge.partition import check_partition, keyed_date
-from bridge.spec import DagRunInput, DagRunResult, DagSpec, Handoff, RunMode
+from bridge.spec import AirflowRun, DagRunInput, DagRunResult, DagSpec, Handoff, RunMode
 from bridge.worker.workflows import DagRunWorkflow
 
 DEFAULT_MAX_PAYLOAD = 2_000_000
@@ -74,6 +74,7 @@ class Handover:
         fanout_threshold: int = 200,
         partition_key: str | None = None,
         partition_date: str | None = None,
+        airflow_run: AirflowRun | None = None,
     ) -> Handoff:
         """Starts the business run's workflow, or attaches to the execution that has its id.
 
@@ -81,7 +82,9 @@ class Handover:
         the workflow id is then derived from that task's lease key (and ``map_key``'s item).
         ``partition_key`` (with its ``partition_date`` as Airflow resolved it:
         ``bridge.partition.resolve``) hands over one asset partition of the business date: a
-        run of its own, whose ids and keys name it.
+        run of its own, whose ids and keys name it. ``airflow_run`` is the Airflow run handed
+        over (its type, conf and data interval: its tasks' ``dag_run``); a second handover of
+        the same business run attaches to the first's execution, with the first's.
 
         Raises:
             HandoverRefused: the graph is broken, or has tasks unsafe for shadow.
@@ -122,6 +125,7 @@ class Handover:
             chunk_size=max(1, min(500, fanout_threshold)),
             partition_key=partition_key,
             partition_date=partition_date,
+            airflow_run=airflow_run,
         )
         await self._check_size(inp)
         try:

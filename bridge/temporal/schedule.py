@@ -20,7 +20,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from bridge.spec import SCHEDULABLE_TIMETABLES, DagSpec, ScheduledRunInput
+from bridge.spec import SCHEDULABLE_TIMETABLES, DagSpec, ScheduledRunInput, needs_airflow_run
 from bridge.worker.workflows import ScheduledDagWorkflow
 
 OVERLAP = {
@@ -56,6 +56,13 @@ def schedule_spec(spec: DagSpec) -> ScheduleSpec:
         )
     if not spec.schedule:
         raise NoCronSchedule(f"{spec.dag_id} has no cron schedule to move to Temporal")
+    reads = needs_airflow_run(spec)
+    if reads:
+        raise NoCronSchedule(
+            f"{spec.dag_id}: its tasks decide from the Airflow run handed over "
+            f"({'; '.join(reads)}), which a run Temporal's Schedule starts does not have; keep "
+            "it scheduled by Airflow (mode temporal hands each run over)"
+        )
     if _observes_dst(spec.timezone):
         raise NoCronSchedule(
             f"{spec.dag_id}: temporal-scheduled cannot reproduce its runs in {spec.timezone}, "

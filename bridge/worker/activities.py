@@ -292,6 +292,7 @@ class BridgeActivities:
             timezone=dag_timezone(task.dag),
             partition_key=inp.partition_key,
             partition_date=inp.partition_date,
+            airflow_run=inp.airflow_run,
         )
         # the workflow passes the results of the upstream tasks the spec's XCom markers name
         context = template_context(

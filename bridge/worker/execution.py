@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
 
+    from bridge.spec import AirflowRun
+
 #: The spec kwarg holding ``{upstream_task_id: upstream marker}`` for an operator's XCom pulls.
 XCOM_ARGUMENT = "$xcom"
 RETURN_KEY = "return_value"
@@ -52,7 +54,8 @@ class WorkerDagRun:
     data_interval_start: datetime
     data_interval_end: datetime
     conf: dict[str, Any]
-    run_type: str = "bridge"
+    #: Airflow's ``DagRunType`` of the run handed over; ``bridge`` for a run with none
+    run_type: Any = "bridge"
     partition_key: str | None = None
     #: the partition's date as Airflow resolves it from the key (None: no key, or no date)
     partition_date: datetime | None = None
@@ -139,11 +142,15 @@ def business_run(
     timezone: str,
     partition_key: str | None = None,
     partition_date: str | None = None,
+    airflow_run: AirflowRun | None = None,
 ) -> tuple[WorkerDagRun, str]:
     """The run an operator sees for a business date, and its ``ds`` (the period's first day).
 
     A partitioned run's ``dag_run`` carries its ``partition_key`` and ``partition_date`` (ISO
-    text, as the run's input holds it) as Airflow's does.
+    text, as the run's input holds it) as Airflow's does. A run handed over from an Airflow run
+    (``airflow_run``) has that run's type and conf, and its data interval when it has one
+    (``LatestOnlyOperator`` decides from them); without one, type ``bridge``, conf
+    ``{"business_date": ...}`` and the business period.
 
     Raises:
         ValueError: a business date that does not fit the period.
@@ -160,13 +167,17 @@ def business_run(
     start = pendulum.datetime(day.year, day.month, day.day, hour, minute, tz=timezone)
     step = _PERIOD_STEP[period]
     end = start.add(**step)
+    interval: tuple[datetime, datetime] = (start.in_tz("UTC"), end.in_tz("UTC"))
+    if airflow_run and airflow_run.data_interval_start and airflow_run.data_interval_end:
+        interval = (_utc(airflow_run.data_interval_start), _utc(airflow_run.data_interval_end))
     run = WorkerDagRun(
         dag_id=dag_id,
         run_id=run_id,
         logical_date=start.in_tz("UTC"),
-        data_interval_start=start.in_tz("UTC"),
-        data_interval_end=end.in_tz("UTC"),
-        conf={"business_date": business_date},
+        data_interval_start=interval[0],
+        data_interval_end=interval[1],
+        conf=dict(airflow_run.conf) if airflow_run else {"business_date": business_date},
+        run_type=_run_type(airflow_run.run_type) if airflow_run else "bridge",
         partition_key=partition_key,
         partition_date=(
             pendulum.parse(partition_date).in_tz("UTC")  # type: ignore[union-attr]
@@ -175,6 +186,23 @@ def business_run(
         ),
     )
     return run, day.isoformat()
+
+
+def _run_type(value: str) -> Any:
+    """Airflow's run type as its task SDK's ``dag_run`` holds it (its enum: a task formatting
+    it sees ``DagRunType.MANUAL``, as in Airflow)."""
+    from airflow.sdk.api.datamodels._generated import DagRunType
+
+    try:
+        return DagRunType(value)
+    except ValueError:  # a type this SDK does not know: the text
+        return value
+
+
+def _utc(text: str) -> datetime:
+    import pendulum
+
+    return pendulum.parse(text).in_tz("UTC")  # type: ignore[union-attr,no-any-return]
 
 
 def template_context(
@@ -194,7 +222,10 @@ def template_context(
       DAG's timezone (UTC-converted), ``data_interval_end`` the start of the next one; ``ds``
       is the business period's first day, so ``{{ ds }}`` renders the business date, not a
       cron time.
-    - ``run_id`` is the Temporal workflow id; ``dag_run.conf`` is ``{"business_date": ...}``.
+    - ``run_id`` is the Temporal workflow id; ``dag_run.conf`` and ``dag_run.run_type`` are the
+      Airflow run's it was handed over from (``{"business_date": ...}`` and ``bridge`` for a
+      run with none), ``dag_run.data_interval_*`` that run's data interval when it has one
+      (the context's ``data_interval_*`` keys stay the business period's).
     - ``ti.try_number`` is the activity attempt; ``ti.xcom_pull`` returns the upstream tasks'
       XComs (any key) from this workflow's own results; ``ti.xcom_push`` keys reach the
       downstream tasks with the task's result. XComs of other runs or DAGs are not carried.
@@ -268,14 +299,36 @@ def run_operator(task: Any, context: dict[str, Any]) -> Any:
         task.render_template_fields(context)
         calls = contextvars.copy_context()
         calls.run(ExecutorSafeguard.tracker.set, task)
-        task.pre_execute(context)
+        _run_hooks(task, context, "pre")
         # the class's own execute: a cluster policy may have wrapped the instance's with a
         # lease, and the activity already holds this task's lease
         own = any(c.__name__ == _OWN_ENVIRONMENT for c in type(task).__mro__)
         with supervisor_channel() if own else contextlib.nullcontext():
             result = calls.run(type(task).execute, task, context)
-        task.post_execute(context, result)
+        _run_hooks(task, context, "post", result)
     return result
+
+
+def _run_hooks(task: Any, context: dict[str, Any], when: str, result: Any = None) -> None:
+    """The task's ``pre_execute=`` / ``post_execute=`` hook (``@task.run_if``, ``skip_if``),
+    then its class's own ``pre_execute`` / ``post_execute`` when it overrides the base's, as
+    the task runner's ``_execute_task`` runs them: through ``create_executable_runner`` (a
+    generator hook is drained into the outlet events), the hook with the result after
+    ``execute``, the override with the context only (Airflow 3.3 passes it no result)."""
+    import logging
+
+    from airflow.sdk.bases.operator import BaseOperator
+    from airflow.sdk.execution_time.callback_runner import create_executable_runner
+
+    log = logging.getLogger("airflow.task")
+    events = context["outlet_events"]
+    hook = getattr(task, f"_{when}_execute_hook", None)
+    if hook is not None:
+        runner = create_executable_runner(hook, events, logger=log)
+        runner.run(context) if when == "pre" else runner.run(context, result)
+    own = getattr(task, f"{when}_execute")
+    if getattr(own, "__func__", None) is not getattr(BaseOperator, f"{when}_execute"):
+        create_executable_runner(own, events, logger=log).run(context)
 
 
 def _mapped_results_in_fields(task: Any, ti: WorkerTaskInstance) -> None:

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         TaskOutcome,
         TaskResult,
         TaskSpec,
+        needs_airflow_run,
     )
     from bridge.trigger_rules import RUN, SKIPPED, decide
     from bridge.worker.activities import NON_RETRYABLE, BridgeActivities, FixedModeInput
@@ -203,6 +204,7 @@ async def _run_items(
                     partition_key=template.partition_key,
                     partition_date=template.partition_date,
                     map_index=offset + index,
+                    airflow_run=template.airflow_run,
                 )
             )
 
@@ -241,6 +243,11 @@ class DagRunWorkflow:
         problems = graph_problems(inp.spec)
         if inp.mode is RunMode.SHADOW:
             problems += shadow_refusals(inp.spec)
+        if inp.airflow_run is None:
+            problems += [
+                f"{need}, which only a run handed over from Airflow carries"
+                for need in needs_airflow_run(inp.spec)
+            ]
         if problems:
             raise ApplicationError(
                 "refused before anything ran: " + "; ".join(problems),
@@ -340,6 +347,7 @@ class DagRunWorkflow:
             },
             partition_key=inp.partition_key,
             partition_date=inp.partition_date,
+            airflow_run=inp.airflow_run,
         )
         if task.map_over is not None:
             return await self._mapped(inp, template, results[task.map_over])

@@ -18,15 +18,21 @@ business date:
 It compares, per task, the state (``success`` / ``failed`` / ``upstream_failed`` / ...) and the
 XCom value (only the state for the ``VOLATILE`` tasks, whose output differs between any two
 runs, in Airflow too), and the run's own state (``success`` / ``failed``, under ``RUN``).
+Each bridge run is handed Airflow's run of it (its type, conf and data interval, as the
+handover carries them); ``test_latest_only_decides_as_airflow_for_scheduled_and_backfilled_runs``
+(``-k latest_only_decides``) adds the runs a trigger cannot make: the latest scheduled one and a
+backfilled old interval.
 The run's own id is the one thing that differs by design (Airflow's run id cannot hold the
 workflow id's ``/``), so it is replaced by ``<run_id>`` on both sides.
 
 Beside the corpus, ``semantics_dags/trigger_rule_matrix.py`` (this project's) has every trigger
 rule the workflow decides over each mix of upstream outcomes (and ``sensor_waits.py`` sensors
 that fire, time out, soft-fail, skip and defer; ``setup_teardown.py`` setups and teardowns
-whose work, setup or teardown fails or skips, in task groups too), compared with ``FAST`` (a few
-corpus DAGs covering each kind of task the inventory lets through). The whole translatable share
-runs with::
+whose work, setup or teardown fails or skips, in task groups too; ``latest_only_cases.py``
+LatestOnlyOperator with the trigger rules after it; ``run_conf.py`` the run's conf and the
+params it overrides; ``execute_hooks.py`` pre/post-execute hooks), compared with ``FAST`` (a
+few corpus DAGs covering each kind of task the inventory lets through). The whole translatable
+share runs with::
 
     EO_FULL_CORPUS=1 .venv/bin/python -m pytest tests/bridge/test_corpus_truth.py -m extended -s
 
@@ -41,6 +47,7 @@ import asyncio
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
@@ -57,7 +64,7 @@ from bridge.config import BridgeConfig
 from bridge.identity import workflow_id
 from bridge.in_airflow.translate import inventory
 from bridge.partition import resolve
-from bridge.spec import DagRunInput, DagRunResult
+from bridge.spec import AirflowRun, DagRunInput, DagRunResult
 from bridge.worker.catalog import TaskCatalog
 from bridge.worker.workflows import DagRunWorkflow
 from tests.bridge.conftest import running_worker
@@ -125,6 +132,10 @@ VOLATILE = {
     "example_asset_state_store_producer.load": "returns a random record count (random.randint)",
     "example_task_state_store_mapped.process_table": "returns a random row count and the time",
 }
+#: Tasks whose XCom is a list made from a set: LatestOnlyOperator returns its downstream task ids
+#: in a set's order, which Python's per-process string hash seed decides, in Airflow too; compared
+#: sorted (a DAG id's ``[run]`` suffix, a run of the latest-only check, is left out).
+UNORDERED = {"latest_only_cases.latest"}
 #: DAGs whose branch task picks its branch at random (``random.choice``), in Airflow too: the
 #: tasks named for each option (``branch_a`` .. ``venv_d``) are compared as one group, their
 #: states and XComs as a multiset with the option letter left out (one chosen, the rest skipped).
@@ -158,6 +169,13 @@ PARTITIONS = {
     "scatter_live_region_to_segments": "us",  # FanOutMapper(Identity, SegmentWindow, Identity)
     "partition_context": "{day}",  # this project's: every way a task reads the partition
     "partition_regions": "eu",  # this project's: a region (no date)
+}
+#: The conf each DAG is triggered with beyond the business date (the same in both engines: the
+#: handover carries the Airflow run's conf, ``bridge.spec.AirflowRun``).
+CONF = {
+    "example_trigger_target_dag": {"message": "from the corpus check"},
+    "run_conf": {"message": "from the trigger", "count": 3},  # overrides a param
+    "example_params_ui_tutorial": {"required_field": "given by the corpus check"},
 }
 #: Translatable DAGs whose run takes longer than a check can wait, by name with the reason.
 TOO_SLOW = {
@@ -194,14 +212,17 @@ def _normal(value: Any, run_id: str) -> Any:
 Seen = dict[str, tuple[str, Any]]  # task id -> (state, XCom return value)
 
 
-def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dict[str, Seen]:
-    """Triggers one run per DAG for business date ``day``; returns what Airflow did."""
+def in_airflow(
+    harness: AirflowHarness, dag_ids: Iterable[str], day: str
+) -> tuple[dict[str, Seen], dict[str, AirflowRun]]:
+    """Triggers one run per DAG for business date ``day``; returns what Airflow did, and each
+    DAG's run as the handover carries it (``bridge.in_airflow.handoff.airflow_run``)."""
     api = harness.client()
     logical = datetime.fromisoformat(day).replace(tzinfo=UTC)
     runs = {
         dag_id: harness.trigger_dag_run(
             dag_id,
-            {"business_date": day},
+            {"business_date": day, **CONF.get(dag_id, {})},
             logical,
             run_id=f"corpus__{day}__{uuid.uuid4().hex[:6]}",
             partition_key=partition_of(dag_id, day),
@@ -209,26 +230,44 @@ def in_airflow(harness: AirflowHarness, dag_ids: Iterable[str], day: str) -> dic
         for dag_id in dag_ids
     }
     seen: dict[str, Seen] = {}
+    handed: dict[str, AirflowRun] = {}
     for dag_id, run_id in runs.items():
         run = harness.wait_for_run_state(dag_id, run_id, timeout=RUN_TIMEOUT_S)
         assert run.get("partition_key") == partition_of(dag_id, day), run
-        by_task: dict[str, list[dict[str, Any]]] = {}
-        for ti in api.task_instances(dag_id, run_id):
-            by_task.setdefault(ti["task_id"], []).append(ti)
-        tasks: Seen = {RUN: (str(run["state"]), None)}
-        for task_id, tis in by_task.items():
-            tis.sort(key=lambda ti: int(ti.get("map_index", -1)))
-            states = {str(ti["state"]) for ti in tis}
-            state = states.pop() if len(states) == 1 else "failed"
-            values = [_return_value(api, dag_id, run_id, ti) for ti in tis]
-            if int(tis[0].get("map_index", -1)) >= 0:
-                # a mapped task: what Airflow hands on, its items' XComs in map index order
-                value: Any = [v for v in values if v is not None]
-            else:
-                value = values[0]
-            tasks[task_id] = (state, _normal(value, run_id))
-        seen[dag_id] = tasks
-    return seen
+        handed[dag_id] = carried(run)
+        seen[dag_id] = seen_in_airflow(api, dag_id, run_id, run)
+    return seen, handed
+
+
+def seen_in_airflow(api: Any, dag_id: str, run_id: str, run: dict[str, Any]) -> Seen:
+    """What one finished Airflow run did: each task's state and XCom, and the run's state."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for ti in api.task_instances(dag_id, run_id):
+        by_task.setdefault(ti["task_id"], []).append(ti)
+    tasks: Seen = {RUN: (str(run["state"]), None)}
+    for task_id, tis in by_task.items():
+        tis.sort(key=lambda ti: int(ti.get("map_index", -1)))
+        states = {str(ti["state"]) for ti in tis}
+        state = states.pop() if len(states) == 1 else "failed"
+        values = [_return_value(api, dag_id, run_id, ti) for ti in tis]
+        if int(tis[0].get("map_index", -1)) >= 0:
+            # a mapped task: what Airflow hands on, its items' XComs in map index order
+            value: Any = [v for v in values if v is not None]
+        else:
+            value = values[0]
+        tasks[task_id] = (state, _normal(value, run_id))
+    return tasks
+
+
+def carried(run: dict[str, Any]) -> AirflowRun:
+    """An Airflow run (the REST API's) as the handover carries it."""
+    return AirflowRun(
+        run_type=str(run["run_type"]),
+        conf=dict(run.get("conf") or {}),
+        data_interval_start=run.get("data_interval_start"),
+        data_interval_end=run.get("data_interval_end"),
+        logical_date=run.get("logical_date"),
+    )
 
 
 def _return_value(api: Any, dag_id: str, run_id: str, ti: dict[str, Any]) -> Any:
@@ -274,9 +313,14 @@ async def _result_of(client: Client, wid: str) -> DagRunResult:
 
 
 def in_bridge(
-    config: BridgeConfig, store: LeaseStore, dags: dict[str, Any], day: str
+    config: BridgeConfig,
+    store: LeaseStore,
+    dags: dict[str, Any],
+    day: str,
+    handed: dict[str, AirflowRun],
 ) -> dict[str, Seen]:
-    """Runs every DAG's translation as one DAG-run workflow each; returns what they did."""
+    """Runs every DAG's translation as one DAG-run workflow each, handed over with Airflow's
+    run of it (``handed``); returns what they did."""
     from bridge.in_airflow.translate import translate
 
     folders = os.pathsep.join(str(f) for f in [*corpus_folders().values(), SEMANTICS])
@@ -300,6 +344,7 @@ def in_bridge(
                         source="corpus",
                         partition_key=key,
                         partition_date=resolved.isoformat() if resolved else None,
+                        airflow_run=handed[dag_id],
                     ),
                     id=wid,
                     task_queue=config.task_queue(spec.lane),
@@ -331,6 +376,12 @@ def _by_choice(tasks: Seen, options: tuple[str, ...]) -> dict[str, Any]:
     return {k: sorted(v, key=json.dumps) for k, v in groups.items()}
 
 
+def _sorted(seen: tuple[str, Any] | None) -> tuple[str, Any] | None:
+    if seen is None or not isinstance(seen[1], list):
+        return seen
+    return seen[0], sorted(seen[1], key=json.dumps)
+
+
 def compare(airflow_side: dict[str, Seen], bridge_side: dict[str, Seen]) -> list[str]:
     """Every task whose state or XCom differs, as ``dag.task: airflow ... bridge ...``."""
     differences: list[str] = []
@@ -343,6 +394,8 @@ def compare(airflow_side: dict[str, Seen], bridge_side: dict[str, Seen]) -> list
             a, b = tasks.get(task_id), theirs.get(task_id)
             if f"{dag_id}.{task_id}" in VOLATILE and a and b:
                 a, b = a[0], b[0]
+            if f"{dag_id.split('[', 1)[0]}.{task_id}" in UNORDERED:
+                a, b = _sorted(a), _sorted(b)
             if a != b:
                 differences.append(f"{dag_id}.{task_id}: airflow {a!r}, bridge {b!r}")
     return differences
@@ -355,8 +408,8 @@ def _check(
     dags: dict[str, Any],
 ) -> None:
     day = (date.today() - timedelta(days=40 + uuid.uuid4().int % 200)).isoformat()
-    airflow_side = in_airflow(harness, dags, day)
-    bridge_side = in_bridge(config, store, dags, day)
+    airflow_side, handed = in_airflow(harness, dags, day)
+    bridge_side = in_bridge(config, store, dags, day, handed)
     tasks = sum(len(t) - 1 for t in airflow_side.values())  # less the run's own state
     differences = compare(airflow_side, bridge_side)
     same = len(dags) - len({d.split(".", 1)[0] for d in differences})
@@ -404,3 +457,78 @@ def test_whole_translatable_share_runs_the_same_in_airflow_and_the_bridge(
         assert not set(chosen) - set(dags), f"not in the translatable share: {chosen}"
         dags = {d: dags[d] for d in chosen}
     _check(airflow, config, lease_store, {**dags, **dag_bag(SEMANTICS)})
+
+
+#: The semantics DAG whose LatestOnlyOperator is run for a scheduled and a backfilled run.
+LATEST_ONLY = "latest_only_cases"
+
+
+def _runs_of(api: Any, dag_id: str, run_type: str) -> list[dict[str, Any]]:
+    body = api.request(
+        "GET", f"/api/v2/dags/{dag_id}/dagRuns", params={"run_type": run_type, "limit": 100}
+    )
+    runs: list[dict[str, Any]] = body["dag_runs"]
+    return runs
+
+
+def _run_for(
+    api: Any, dag_id: str, run_type: str, days: Iterable[date], timeout: float = 180.0
+) -> Any:
+    """The run of ``run_type`` whose logical date is one of ``days``, once the scheduler made
+    it."""
+    wanted = tuple(d.isoformat() for d in days)
+    deadline = time.monotonic() + timeout
+    runs: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        runs = _runs_of(api, dag_id, run_type)
+        for run in runs:
+            if str(run.get("logical_date") or "").startswith(wanted):
+                return run
+        time.sleep(2.0)
+    raise AssertionError(f"no {run_type} run of {dag_id} on {wanted} after {timeout:.0f}s: {runs}")
+
+
+def test_latest_only_decides_as_airflow_for_scheduled_and_backfilled_runs(
+    airflow: AirflowHarness,  # noqa: F811
+    config: BridgeConfig,
+    lease_store: LeaseStore,
+) -> None:
+    """The runs a manual trigger cannot make: the latest scheduled run (its downstream runs)
+    and a backfilled old interval (not the latest: its direct downstream tasks are skipped, the
+    trigger rules after them decide the rest), each handed over with Airflow's run of it; the
+    manual run is in the other checks (every semantics DAG is)."""
+    api = airflow.client()
+    airflow.wait_for_dag(LATEST_ONLY)
+    api.set_paused(LATEST_ONLY, False)  # catchup=False: the scheduler runs the latest interval
+    old = date.today() - timedelta(days=300 + uuid.uuid4().int % 600)
+    at = datetime(old.year, old.month, old.day, tzinfo=UTC).isoformat()
+    api.request(
+        "POST",
+        "/api/v2/backfills",
+        json={"dag_id": LATEST_ONLY, "from_date": at, "to_date": at, "max_active_runs": 1},
+    )
+    today = datetime.now(UTC).date()
+    runs = {  # @daily: the latest run is today's (a cron trigger) or yesterday's (an interval)
+        "scheduled": _run_for(api, LATEST_ONLY, "scheduled", (today, today - timedelta(days=1))),
+        "backfill": _run_for(api, LATEST_ONLY, "backfill", (old,)),
+    }
+    airflow_side: dict[str, Seen] = {}
+    bridge_side: dict[str, Seen] = {}
+    dag = dag_bag(SEMANTICS)[LATEST_ONLY]
+    for kind, run in runs.items():
+        run = airflow.wait_for_run_state(LATEST_ONLY, run["dag_run_id"], timeout=RUN_TIMEOUT_S)
+        name = f"{LATEST_ONLY}[{kind}]"
+        airflow_side[name] = seen_in_airflow(api, LATEST_ONLY, run["dag_run_id"], run)
+        # a business date of its own: the decision is the carried run's, not the date's
+        day = (date.today() - timedelta(days=40 + uuid.uuid4().int % 200)).isoformat()
+        got = in_bridge(config, lease_store, {LATEST_ONLY: dag}, day, {LATEST_ONLY: carried(run)})
+        bridge_side[name] = got[LATEST_ONLY]
+    backfilled = airflow_side[f"{LATEST_ONLY}[backfill]"]
+    skipped = {t for t, (state, _) in backfilled.items() if state == "skipped"}
+    assert {"gated", "report", "after_report"} <= skipped, airflow_side  # not the latest
+    assert airflow_side[f"{LATEST_ONLY}[scheduled]"]["gated"][0] == "success", airflow_side
+    differences = compare(airflow_side, bridge_side)
+    print(f"\nlatest only: scheduled and backfill runs, {len(differences)} differences")
+    for line in differences:
+        print(f"  {line}")
+    assert not differences, "\n".join(differences)
